@@ -1,0 +1,1 @@
+"""Pure `keras.ops` functions behind the layers: tensors in, tensors out."""

@@ -1,0 +1,126 @@
+"""Masked sequence pooling of Attention-SH (SPEC.md sections 3 and 6, Eqn 25).
+
+Head s fits its SVR on keys and values average-pooled by a factor r along
+the sequence. With p prefix tokens, the pooled sequence is
+
+```text
+x'_j     = x_j                                   for j < p (prefix tokens)
+x'_{p+w} = sum_{j in W_w} m_j x_j / max(sum_{j in W_w} m_j, 1)
+W_w      = [p + w r, min(p + (w + 1) r, S)),    w = 0 .. ceil((S - p) / r) - 1
+```
+
+where m_j marks valid tokens (not padding, visible to some query). Window
+sums and counts are accumulated in float32.
+"""
+
+from keras import ops
+
+from keras_svr_attention.functional import masks as masks_lib
+from keras_svr_attention.functional.statistics import accumulation_dtype
+
+
+def pooled_length(length, factor, num_prefix_tokens=0):
+    """p + ceil((S - p) / r): length of the pooled sequence."""
+    rest = length - num_prefix_tokens
+    return num_prefix_tokens + (rest + factor - 1) // factor
+
+
+def window_sum(x, factor, num_prefix_tokens=0, axis=1):
+    """Sums `x` over the windows of `axis`; prefix entries pass through.
+
+    `(..., S, ...)` -> `(..., p + ceil((S - p) / r), ...)`, zero-padding the
+    last, shorter window.
+    """
+    x = ops.moveaxis(x, axis, 1) if axis != 1 else x
+    p = num_prefix_tokens
+    length = x.shape[1] if x.shape[1] is not None else ops.shape(x)[1]
+    prefix, rest = x[:, :p], x[:, p:]
+    pad = (-(length - p)) % factor
+    if pad:
+        widths = [[0, 0]] * len(x.shape)
+        widths[1] = [0, pad]
+        rest = ops.pad(rest, widths)
+    shape = ops.shape(rest)
+    rest = ops.reshape(rest, (shape[0], -1, factor, *shape[2:]))
+    out = ops.concatenate([prefix, ops.sum(rest, axis=2)], axis=1)
+    return ops.moveaxis(out, 1, axis) if axis != 1 else out
+
+
+def pool_sequence(x, factor, num_prefix_tokens=0, valid=None):
+    """Average-pools a sequence over windows of its valid tokens (Eqn 25).
+
+    Args:
+        x: `(B, S, F)` inputs (pooled before the key/value projections:
+            the mean of x W + b is the mean of x times W plus b).
+        factor: int r >= 1.
+        num_prefix_tokens: int p. Leading tokens that are never pooled.
+        valid: `(B|1, S)` boolean, or `None` for all valid.
+
+    Returns:
+        `(pooled, counts)`: `(B, S', F)` in `x.dtype`, and the number of
+        valid tokens per window, `(B|1, S')` float32. An empty window pools
+        to zeros (it is masked downstream).
+    """
+    dtype = accumulation_dtype(x.dtype)
+    length = x.shape[1] if x.shape[1] is not None else ops.shape(x)[1]
+    if valid is None:
+        weights = ops.ones((1, length), dtype)
+    else:
+        weights = ops.cast(valid, dtype)
+    counts = window_sum(weights, factor, num_prefix_tokens)
+    sums = window_sum(ops.cast(x, dtype) * weights[..., None], factor,
+                      num_prefix_tokens)
+    pooled = sums / ops.maximum(counts, 1.0)[..., None]
+    return ops.cast(pooled, x.dtype), counts
+
+
+def pool_mask(mask, factor, num_prefix_tokens=0):
+    """Mask of the pooled keys (SPEC.md section 6).
+
+    Query i sees window w when w holds at least one valid token and i may
+    see every valid token of w. A key is valid when some query may see it.
+
+    Args:
+        mask: boolean `(B|1, T|1, S)` with every constraint merged in
+            (padding, causal, sparse).
+
+    Returns:
+        `(pooled_mask, valid)`: `(B|1, T|1, S')` boolean and the `(B|1, S)`
+        validity of the original keys.
+    """
+    dtype = "float32"
+    valid = masks_lib.valid_keys(mask)
+    blocked = ops.cast(ops.logical_and(valid, ops.logical_not(mask)), dtype)
+    num_blocked = window_sum(blocked, factor, num_prefix_tokens, axis=2)
+    num_valid = window_sum(ops.cast(valid, dtype), factor, num_prefix_tokens,
+                           axis=2)
+    pooled = ops.logical_and(num_valid > 0, num_blocked == 0)
+    return pooled, ops.squeeze(valid, axis=1)
+
+
+def spread_scores(scores, factor, num_prefix_tokens, counts, valid, length):
+    """Spreads pooled attention weights back over the unpooled keys.
+
+    A window's weight is shared evenly by its valid tokens, so that
+    `spread @ v` equals `scores @ pool(v)` exactly.
+
+    Args:
+        scores: `(B, N, T, S')` weights over pooled keys.
+        counts: `(B|1, S')` valid tokens per window (`pool_sequence`).
+        valid: `(B|1, S)` boolean or `None`.
+        length: int S.
+
+    Returns:
+        `(B, N, T, S)` in `scores.dtype`.
+    """
+    p = num_prefix_tokens
+    dtype = accumulation_dtype(scores.dtype)
+    per_token = ops.cast(scores, dtype) / ops.maximum(counts, 1.0)[
+        :, None, None, :
+    ]
+    prefix = per_token[..., :p]
+    rest = ops.repeat(per_token[..., p:], factor, axis=-1)[..., : length - p]
+    out = ops.concatenate([prefix, rest], axis=-1)
+    if valid is not None:
+        out = out * ops.cast(valid, dtype)[:, None, None, :]
+    return ops.cast(out, scores.dtype)

@@ -1,0 +1,122 @@
+"""Key statistics of Attention-BN (SPEC.md section 2, Eqns 22 and 26).
+
+mu_i and sigma_i^2 are the mean and population variance of the keys that
+query i may attend to (its SVR training set), per sample and per head:
+
+```text
+mu_i      = sum_j m_ij k_j / max(sum_j m_ij, 1)
+sigma_i^2 = sum_j m_ij k_j^2 / max(sum_j m_ij, 1) - mu_i^2
+```
+
+where m is the attention mask (padding, causal, sparse, pooled windows).
+A row with no visible key gets mu = sigma^2 = 0. Statistics are computed in
+`result_type(keys.dtype, "float32")` and returned in that dtype.
+"""
+
+import keras
+from keras import ops
+
+from keras_svr_attention.functional import masks as masks_lib
+
+
+def accumulation_dtype(dtype):
+    """float32 for float16/bfloat16/float32 inputs, float64 for float64."""
+    return keras.backend.result_type(dtype, "float32")
+
+
+def key_moments(
+    keys, mask=None, causal=False, num_queries=None, with_variance=False
+):
+    """Mean (and variance) of the keys each query may attend to.
+
+    Args:
+        keys: `(B, S, N, D)` projected keys.
+        mask: boolean mask broadcastable to `(B, T, S)`, or `None`.
+        causal: bool. Query i also sees only keys `j <= i`; computed with
+            prefix sums when `mask` does not depend on the query row.
+        num_queries: int. T; required when `causal` and `mask` has no T axis.
+        with_variance: bool. Also return the population variance.
+
+    Returns:
+        `mean` of shape `(B, T, N, D)`, or `(B, 1, N, D)` when every query
+        sees the same keys, and `variance` of the same shape if asked.
+    """
+    dtype = accumulation_dtype(keys.dtype)
+    keys = ops.cast(keys, dtype)
+    num_keys = keys.shape[1]
+    row_dependent = mask is not None and mask.shape[1] != 1
+    if causal and (row_dependent or num_queries is None):
+        num_queries = mask.shape[1] if num_queries is None else num_queries
+        mask = masks_lib.merge_masks(
+            mask, masks_lib.causal_mask(num_queries, num_keys)
+        )
+        row_dependent, causal = True, False
+    feats = [keys, ops.square(keys)] if with_variance else [keys]
+
+    if row_dependent:
+        mask = masks_lib.broadcast_keys(mask, num_keys)
+        weights = ops.cast(mask, dtype)
+        batch = ops.shape(keys)[0]
+        weights = ops.broadcast_to(
+            weights, (batch, weights.shape[1], num_keys)
+        )
+        count = ops.sum(weights, axis=-1)[:, :, None, None]
+        sums = [ops.einsum("bts,bsnd->btnd", weights, f) for f in feats]
+    else:
+        if mask is None:
+            weights = ops.ones((1, num_keys, 1, 1), dtype)
+        else:
+            weights = ops.cast(masks_lib.broadcast_keys(mask, num_keys), dtype)
+            weights = ops.reshape(weights, (-1, num_keys, 1, 1))
+        if causal:
+            # Prefix sums: query i sees keys 0..min(i, S - 1).
+            idx = ops.minimum(ops.arange(num_queries), num_keys - 1)
+            count = ops.take(ops.cumsum(weights, axis=1), idx, axis=1)
+            sums = [
+                ops.take(ops.cumsum(f * weights, axis=1), idx, axis=1)
+                for f in feats
+            ]
+        else:
+            count = ops.sum(weights, axis=1, keepdims=True)
+            sums = [ops.sum(f * weights, axis=1, keepdims=True) for f in feats]
+    count = ops.maximum(count, 1.0)
+    mean = sums[0] / count
+    if not with_variance:
+        return mean
+    variance = ops.maximum(sums[1] / count - ops.square(mean), 0.0)
+    return mean, variance
+
+
+def shift_query(query, mean, beta, variance=None, epsilon=1e-5):
+    """Query of Attention-BN under the softmax kernel (Eqns 22, 26).
+
+    Terms that do not depend on key j cancel in the softmax, so
+
+    ```text
+    softmax_j((q_i - b mu_i)^T (k_j - b mu_i) / sqrt(D))
+        = softmax_j((q_i - b mu_i)^T k_j / sqrt(D))
+    ```
+
+    and with `variance` (Eqn 22, standardize) each feature d is divided by
+    s_d^2 = sigma_d^2 + epsilon. Only the query changes, so the fused
+    `keras.ops.dot_product_attention` kernel still applies. Computed in
+    float32 and returned in `query.dtype`.
+    """
+    dtype = accumulation_dtype(query.dtype)
+    shifted = ops.cast(query, dtype) - ops.cast(beta, dtype) * mean
+    if variance is not None:
+        shifted = shifted / (variance + epsilon)
+    return ops.cast(shifted, query.dtype)
+
+
+def normalize(x, mean, beta, variance=None, epsilon=1e-5):
+    """(x - beta mu) [/ sqrt(sigma^2 + epsilon)], in float32 (Eqns 22, 26).
+
+    The form needed where the shift does not cancel (the linear kernel):
+    both queries and keys go through it.
+    """
+    dtype = accumulation_dtype(x.dtype)
+    out = ops.cast(x, dtype) - ops.cast(beta, dtype) * mean
+    if variance is not None:
+        out = out / ops.sqrt(variance + epsilon)
+    return out

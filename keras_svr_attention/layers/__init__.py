@@ -1,0 +1,1 @@
+"""Layers: thin owners of weights and config over `functional/`."""

@@ -1,0 +1,451 @@
+"""SVRAttention: multi-head attention as H support vector expansions."""
+
+import keras
+from keras import ops
+
+from keras_svr_attention.api_export import svr_export
+from keras_svr_attention.functional import kernels
+from keras_svr_attention.functional import masks as masks_lib
+from keras_svr_attention.functional import pooling
+from keras_svr_attention.functional import statistics
+from keras_svr_attention.layers import _validation as check
+
+
+@svr_export
+class SVRAttention(keras.layers.MultiHeadAttention):
+    """Multi-head attention with the options of the primal-dual framework.
+
+    Each head evaluates a support vector expansion at the queries. With every
+    option off this is `keras.layers.MultiHeadAttention`: the same four
+    projections (`query_dense`, `key_dense`, `value_dense`, `output_dense`),
+    the same call signature and masks, the same outputs. Two options change
+    the SVR behind each head, and they combine:
+
+    ```text
+    Attention-BN (Eqn 26; Eqn 22 with standardize):
+      h_i = sum_j softmax_j((q_i - b mu_i)^T (k_j - b mu_i) / sqrt(D)) v_j
+    Attention-SH (Eqn 25): head s attends to keys and values average-pooled
+      by r_s along the sequence (pooled before the K/V projections).
+    Attention-BN+SH (Eqn 51): mu_i over the head's own pooled keys.
+    ```
+
+    where:
+    - `b` is `beta` (a trainable scalar when `learn_beta`);
+    - `mu_i` (and `sigma_i^2`) are the mean (and population variance) of the
+      keys query i may attend to, per sample and per head; with
+      `standardize`, q and k become `(x - b mu) / sqrt(sigma^2 + epsilon)`;
+    - `r_s` is `head_factors[s]`; the first `num_prefix_tokens` keys are
+      never pooled.
+
+    Relation to the paper (SPEC.md sections 2, 3, 6): mu is taken over the
+    keys a query may see (padding left out; under a causal mask mu_i is the
+    mean of k_1..k_i). SH windows have stride = size = r, the last one
+    shorter; padded tokens are left out of each average; a query sees a
+    window when it may see every valid token in it. A query row that sees no
+    key outputs exactly zero.
+
+    Args:
+        num_heads: int. Number of heads N.
+        key_dim: int. Head dimension D of queries and keys.
+        value_dim: int or None. Head dimension of values. Defaults to
+            `key_dim`.
+        dropout: float. Dropout rate on the attention weights.
+        use_bias: bool. Whether the projections have biases.
+        output_shape: int, tuple or None. Output feature shape. Defaults to
+            the query's feature size.
+        attention_axes: must be None (attention over the sequence axis).
+        flash_attention: bool or None. Passed to
+            `keras.ops.dot_product_attention`.
+        beta: float or None. Recentering weight b of Eqn 26; None or 0
+            turns recentering off. Defaults to None.
+        standardize: bool. Also divide by the keys' standard deviation
+            (Eqn 22). Defaults to False.
+        learn_beta: bool. Learn b as one scalar weight, initialised at
+            `beta` (which must then be given). Defaults to False.
+        epsilon: float > 0. Added to sigma^2 under `standardize`. Defaults
+            to 1e-5.
+        head_factors: list of int >= 1, one per head, or None (all 1).
+            Pooling factor r_s of Attention-SH. Defaults to None.
+        num_prefix_tokens: int >= 0. Leading tokens (a CLS token) that are
+            never pooled. Defaults to 0.
+        **kwargs: the remaining arguments of
+            `keras.layers.MultiHeadAttention` (initializers, regularizers,
+            constraints, `seed`, `name`, `dtype`).
+
+    Call arguments:
+        query: `(B, T, dim_q)`.
+        value: `(B, S, dim_v)`.
+        key: `(B, S, dim_k)` or None (use `value`).
+        query_mask, value_mask, key_mask: `(B, T)` / `(B, S)` padding
+            masks; taken from the inputs' Keras masks when not given.
+        attention_mask: boolean `(B, T, S)` (or broadcastable), True where
+            query i may attend to key j.
+        return_attention_scores: bool. Also return the weights
+            `(B, N, T, S)`; for pooled heads a window's weight is spread
+            evenly over its valid tokens, so scores @ values is the output.
+        training: bool. Dropout on or off.
+        use_causal_mask: bool. Query i sees only keys j <= i.
+
+    Returns:
+        `(B, T, dim_out)`, and the scores if asked.
+
+    Example:
+    ```python
+    layer = SVRAttention(num_heads=4, key_dim=16, beta=1.0,
+                         head_factors=[1, 1, 2, 4])
+    x = keras.random.normal((2, 10, 64))
+    y = layer(x, x, use_causal_mask=True)  # (2, 10, 64)
+    ```
+
+    References:
+        Nguyen et al., "A Primal-Dual Framework for Transformers and Neural
+        Networks", ICLR 2023.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        value_dim=None,
+        dropout=0.0,
+        use_bias=True,
+        output_shape=None,
+        attention_axes=None,
+        flash_attention=None,
+        beta=None,
+        standardize=False,
+        learn_beta=False,
+        epsilon=1e-5,
+        head_factors=None,
+        num_prefix_tokens=0,
+        **kwargs,
+    ):
+        check.positive_int("num_heads", num_heads)
+        check.positive_int("key_dim", key_dim)
+        check.positive_int("value_dim", value_dim, allow_none=True)
+        if attention_axes is not None:
+            raise ValueError(
+                "`attention_axes` must be None: SVRAttention attends over "
+                f"the sequence axis. Received: attention_axes={attention_axes}"
+            )
+        if (
+            isinstance(dropout, bool)
+            or not isinstance(dropout, (int, float))
+            or not 0 <= dropout < 1
+        ):
+            raise ValueError(
+                f"`dropout` must be a float in [0, 1). Received: "
+                f"dropout={dropout!r}"
+            )
+        self._beta = check.non_negative_float("beta", beta, allow_none=True)
+        self._epsilon = check.positive_float("epsilon", epsilon)
+        self._head_factors = check.head_factors(head_factors, num_heads)
+        self._num_prefix_tokens = check.non_negative_int(
+            "num_prefix_tokens", num_prefix_tokens
+        )
+        if learn_beta and beta is None:
+            raise ValueError(
+                "`learn_beta=True` needs `beta`, the initial value of the "
+                "learned scalar. Received: learn_beta=True, beta=None"
+            )
+        self._standardize = bool(standardize)
+        self._learn_beta = bool(learn_beta)
+        self._flash_attention_arg = flash_attention
+        super().__init__(
+            num_heads=num_heads,
+            key_dim=key_dim,
+            value_dim=value_dim,
+            dropout=dropout,
+            use_bias=use_bias,
+            output_shape=output_shape,
+            attention_axes=None,
+            flash_attention=flash_attention,
+            **kwargs,
+        )
+        for name, off in (("sliding_window", None), ("use_gate", False)):
+            if getattr(self, f"_{name}", off) not in (off,):
+                raise ValueError(
+                    f"`{name}` is not supported by SVRAttention. "
+                    f"Received: {name}={getattr(self, f'_{name}')!r}"
+                )
+        # Heads grouped by factor, in order of first appearance.
+        groups = {}
+        for head, factor in enumerate(self._head_factors):
+            groups.setdefault(factor, []).append(head)
+        self._groups = list(groups.items())
+        order = [h for _, heads in self._groups for h in heads]
+        self._head_order = None
+        if order != list(range(num_heads)):
+            self._head_order = [order.index(h) for h in range(num_heads)]
+
+    @property
+    def beta(self):
+        return self._beta
+
+    @property
+    def head_factors(self):
+        return self._head_factors
+
+    @property
+    def num_prefix_tokens(self):
+        return self._num_prefix_tokens
+
+    @property
+    def uses_bn(self):
+        """Whether queries are recentered (beta, learn_beta or standardize)."""
+        return bool(self._beta) or self._learn_beta or self._standardize
+
+    def build(self, query_shape, value_shape, key_shape=None):
+        key_shape = value_shape if key_shape is None else key_shape
+        for name, shape in (
+            ("query", query_shape),
+            ("value", value_shape),
+            ("key", key_shape),
+        ):
+            check.sequence_shape(name, shape)
+        batch = {query_shape[0], value_shape[0], key_shape[0]} - {None}
+        if len(batch) > 1:
+            raise ValueError(
+                "`query`, `value` and `key` must have the same batch size. "
+                f"Received: query.shape={tuple(query_shape)}, "
+                f"value.shape={tuple(value_shape)}, "
+                f"key.shape={tuple(key_shape)}"
+            )
+        if value_shape[1] != key_shape[1]:
+            raise ValueError(
+                "`key` and `value` must have the same length. Received: "
+                f"key.shape={tuple(key_shape)}, "
+                f"value.shape={tuple(value_shape)}"
+            )
+        self._check_prefix(value_shape[1])
+        super().build(query_shape, value_shape, key_shape)
+        if self._learn_beta:
+            self.beta_weight = self.add_weight(
+                name="beta",
+                shape=(),
+                initializer=keras.initializers.Constant(self._beta),
+                trainable=True,
+            )
+
+    def _check_prefix(self, length):
+        if length is not None and self._num_prefix_tokens > length:
+            raise ValueError(
+                "`num_prefix_tokens` must not exceed the key length "
+                f"(S={length}). Received: "
+                f"num_prefix_tokens={self._num_prefix_tokens}"
+            )
+
+    def _check_attention_mask(self, mask, batch, num_queries, num_keys):
+        expected = (batch, num_queries, num_keys)
+        ok = len(mask.shape) == 3 and all(
+            d is None or e is None or d in (1, e)
+            for d, e in zip(mask.shape, expected)
+        )
+        if not ok:
+            raise ValueError(
+                "`attention_mask` must broadcast to (B, T, S) = "
+                f"{expected}. Received: attention_mask.shape="
+                f"{tuple(mask.shape)}"
+            )
+
+    def _project(self, dense, x, heads):
+        """Projects `x` onto the given heads only (all heads: `dense(x)`)."""
+        if len(heads) == self._num_heads:
+            return dense(x)
+        dtype = self.compute_dtype
+        kernel = ops.take(ops.cast(dense.kernel, dtype), heads, axis=1)
+        out = ops.einsum("bsf,fnd->bsnd", ops.cast(x, dtype), kernel)
+        if dense.bias is not None:
+            out = out + ops.take(ops.cast(dense.bias, dtype), heads, axis=0)
+        return out
+
+    def _beta_value(self):
+        if self._learn_beta:
+            return ops.cast(self.beta_weight, "float32")
+        return self._beta or 0.0
+
+    def call(
+        self,
+        query,
+        value,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=False,
+    ):
+        key_is_value = key is None or key is value
+        key = value if key is None else key
+        num_queries, num_keys = query.shape[1], value.shape[1]
+        self._check_prefix(num_keys)
+        if attention_mask is not None:
+            self._check_attention_mask(
+                attention_mask, query.shape[0], num_queries, num_keys
+            )
+        mask = masks_lib.merge_masks(
+            masks_lib.query_padding_mask(query_mask),
+            masks_lib.padding_mask(value_mask),
+            None if key_is_value else masks_lib.padding_mask(key_mask),
+            attention_mask,
+        )
+        mask = masks_lib.broadcast_keys(mask, num_keys)
+
+        query = self._query_dense(query)
+        outputs, scores = [], []
+        for factor, heads in self._groups:
+            if len(heads) == self._num_heads:
+                group_query = query
+            else:
+                group_query = ops.take(query, heads, axis=2)
+            if factor == 1:
+                group_key = self._project(self._key_dense, key, heads)
+                group_value = self._project(self._value_dense, value, heads)
+                group_mask, causal = mask, use_causal_mask
+            else:
+                group_key, group_value, group_mask, spread = self._pool(
+                    key, value, key_is_value, heads, factor, mask,
+                    use_causal_mask, num_queries,
+                )
+                causal = False
+            out, score = self._compute_attention(
+                group_query,
+                group_key,
+                group_value,
+                group_mask,
+                training,
+                return_attention_scores,
+                use_causal_mask=causal,
+            )
+            outputs.append(out)
+            if return_attention_scores:
+                scores.append(score if factor == 1 else spread(score))
+
+        output = self._merge_heads(outputs, axis=2)
+        output = self._output_dense(output)
+        if return_attention_scores:
+            return output, self._merge_heads(scores, axis=1)
+        return output
+
+    def _merge_heads(self, tensors, axis):
+        merged = tensors[0] if len(tensors) == 1 else ops.concatenate(
+            tensors, axis=axis
+        )
+        if self._head_order is not None:
+            merged = ops.take(merged, self._head_order, axis=axis)
+        return merged
+
+    def _pool(
+        self, key, value, key_is_value, heads, factor, mask, causal,
+        num_queries,
+    ):
+        """Pooled keys, values and mask of one group of heads (Eqn 25)."""
+        p, num_keys = self._num_prefix_tokens, value.shape[1]
+        if causal:
+            mask = masks_lib.merge_masks(
+                mask, masks_lib.causal_mask(num_queries, num_keys)
+            )
+        valid = None
+        pooled_mask = None
+        if mask is not None:
+            pooled_mask, valid = pooling.pool_mask(mask, factor, p)
+        pooled_key, counts = pooling.pool_sequence(key, factor, p, valid)
+        pooled_value = pooled_key
+        if not key_is_value:
+            pooled_value, _ = pooling.pool_sequence(value, factor, p, valid)
+        group_key = self._project(self._key_dense, pooled_key, heads)
+        group_value = self._project(self._value_dense, pooled_value, heads)
+
+        def spread(score):
+            return pooling.spread_scores(
+                score, factor, p, counts, valid, num_keys
+            )
+
+        return group_key, group_value, pooled_mask, spread
+
+    def _compute_attention(
+        self,
+        query,
+        key,
+        value,
+        attention_mask=None,
+        training=None,
+        return_attention_scores=False,
+        use_causal_mask=False,
+    ):
+        """Attention of projected heads: BN recentering, then the kernel.
+
+        Same hook and signature as `keras.layers.MultiHeadAttention`:
+        query `(B, T, N, D)`, key `(B, S, N, D)`, value `(B, S, N, Dv)`,
+        `attention_mask` broadcastable to `(B, T, S)`.
+        """
+        if self.uses_bn:
+            moments = statistics.key_moments(
+                key,
+                attention_mask,
+                causal=use_causal_mask,
+                num_queries=query.shape[1],
+                with_variance=self._standardize,
+            )
+            mean, variance = (
+                moments if self._standardize else (moments, None)
+            )
+            query = statistics.shift_query(
+                query, mean, self._beta_value(), variance, self._epsilon
+            )
+        dropout = None
+        if self._dropout > 0 and training:
+            def dropout(w):
+                return self._dropout_layer(w, training=training)
+        return kernels.softmax_attention(
+            query,
+            key,
+            value,
+            mask=attention_mask,
+            is_causal=use_causal_mask,
+            scale=self._inverse_sqrt_key_dim,
+            dropout=dropout,
+            return_scores=return_attention_scores,
+            flash_attention=self._flash_attention,
+        )
+
+    def compute_output_spec(
+        self,
+        query,
+        value,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=False,
+    ):
+        output_shape = self.compute_output_shape(
+            query.shape, value.shape, None if key is None else key.shape
+        )
+        output = keras.KerasTensor(output_shape, dtype=self.compute_dtype)
+        if not return_attention_scores:
+            return output
+        scores_shape = (
+            query.shape[0], self._num_heads, query.shape[1], value.shape[1]
+        )
+        return output, keras.KerasTensor(scores_shape, dtype=self.compute_dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "flash_attention": self._flash_attention_arg,
+                "beta": self._beta,
+                "standardize": self._standardize,
+                "learn_beta": self._learn_beta,
+                "epsilon": self._epsilon,
+                "head_factors": list(self._head_factors),
+                "num_prefix_tokens": self._num_prefix_tokens,
+            }
+        )
+        return config

@@ -1,0 +1,59 @@
+"""Test matrix: `nox` runs lint and the tests on tensorflow, jax and torch.
+
+Each backend gets its own virtualenv holding only that backend (CPU builds),
+with KERAS_BACKEND set. `nox -s slow` runs the slow tests, `nox -s examples`
+the examples in smoke mode and `nox -s bench` the benchmarks.
+"""
+
+import os
+
+import nox
+
+nox.options.sessions = ["lint", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+BACKENDS = ["tensorflow", "jax", "torch"]
+# CPU builds. torch==2.13.0 resolves to the CPU wheel in the local wheel
+# folder; an unpinned torch pulls a multi-GB CUDA build.
+BACKEND_PINS = {
+    "tensorflow": ["tensorflow-cpu"],
+    "jax": ["jax"],
+    "torch": ["torch==2.13.0"],
+}
+WHEELS = "/opt/wheels"
+
+
+def _install(session, backend, extras):
+    find_links = ["--find-links", WHEELS] if os.path.isdir(WHEELS) else []
+    session.install(*find_links, *BACKEND_PINS[backend])
+    session.install(*find_links, "-e", f".[{extras}]")
+
+
+def _env(backend):
+    return {
+        "KERAS_BACKEND": backend,
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+
+
+@nox.session
+def lint(session):
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+@nox.parametrize("backend", BACKENDS)
+def tests(session, backend):
+    _install(session, backend, "test")
+    session.run("pytest", "-q", *session.posargs, env=_env(backend))
+
+
+@nox.session
+@nox.parametrize("backend", BACKENDS)
+def slow(session, backend):
+    _install(session, backend, "test,examples")
+    session.run("pytest", "-q", "-m", "slow", *session.posargs,
+                env=_env(backend))
