@@ -3,6 +3,7 @@
 Shape letters: B batch, T queries, S keys, N heads, D head dim.
 """
 
+import keras
 from keras import ops
 
 from keras_svr_attention.functional import masks as masks_lib
@@ -57,7 +58,13 @@ def softmax_attention(
     num_queries, num_keys = query.shape[1], key.shape[1]
     scale = scale if scale is not None else query.shape[-1] ** -0.5
     rows = None
-    if is_causal and (mask is not None or return_scores or dropout):
+    # keras.ops.dot_product_attention needs equal query and value head dims
+    # (the JAX kernel checks value against (B, S, N, D)), and JAX's computes
+    # logits in float32, so float64 takes the explicit path.
+    fused = query.shape[-1] == value.shape[-1]
+    fused = fused and keras.backend.standardize_dtype(query.dtype) != "float64"
+    fused = fused and dropout is None and not return_scores
+    if is_causal and (mask is not None or not fused):
         mask = masks_lib.merge_masks(
             mask, masks_lib.causal_mask(num_queries, num_keys)
         )
@@ -69,7 +76,7 @@ def softmax_attention(
         # backend) and is zeroed below.
         mask = ops.logical_or(mask, ops.logical_not(rows))
 
-    if dropout is None and not return_scores:
+    if fused:
         out = ops.dot_product_attention(
             query,
             key,

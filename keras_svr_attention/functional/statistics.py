@@ -20,8 +20,14 @@ from keras_svr_attention.functional import masks as masks_lib
 
 
 def accumulation_dtype(dtype):
-    """float32 for float16/bfloat16/float32 inputs, float64 for float64."""
-    return keras.backend.result_type(dtype, "float32")
+    """float32 for float16/bfloat16/float32 inputs, float64 for float64.
+
+    Not `keras.backend.result_type(dtype, "float32")`: on JAX that gives
+    float32 for float64 inputs.
+    """
+    if keras.backend.standardize_dtype(dtype) == "float64":
+        return "float64"
+    return "float32"
 
 
 def key_moments(
@@ -51,6 +57,13 @@ def key_moments(
             mask, masks_lib.causal_mask(num_queries, num_keys)
         )
         row_dependent, causal = True, False
+    shift = 0.0
+    if with_variance:
+        # Shifted data: moments of k - c, c the mean of the keys that any
+        # query may see, keep E[k^2] - mu^2 from cancelling in float32.
+        valid = None if mask is None else masks_lib.valid_keys(mask)
+        shift = key_moments(keys, valid)
+        keys = keys - shift
     feats = [keys, ops.square(keys)] if with_variance else [keys]
 
     if row_dependent:
@@ -84,7 +97,7 @@ def key_moments(
     if not with_variance:
         return mean
     variance = ops.maximum(sums[1] / count - ops.square(mean), 0.0)
-    return mean, variance
+    return mean + shift, variance
 
 
 def shift_query(query, mean, beta, variance=None, epsilon=1e-5):

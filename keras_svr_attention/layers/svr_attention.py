@@ -381,6 +381,17 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         query `(B, T, N, D)`, key `(B, S, N, D)`, value `(B, S, N, Dv)`,
         `attention_mask` broadcastable to `(B, T, S)`.
         """
+        dtype = keras.backend.standardize_dtype(query.dtype)
+        if self._standardize and dtype == "float16":
+            # q / s^2 can exceed float16's range (s^2 ~ epsilon when a query
+            # sees one key): attend in float32 and cast back.
+            out, scores = self._compute_attention(
+                *(ops.cast(t, "float32") for t in (query, key, value)),
+                attention_mask, training, return_attention_scores,
+                use_causal_mask=use_causal_mask,
+            )
+            scores = None if scores is None else ops.cast(scores, dtype)
+            return ops.cast(out, dtype), scores
         if self.uses_bn:
             moments = statistics.key_moments(
                 key,
@@ -439,6 +450,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         config = super().get_config()
         config.update(
             {
+                "attention_axes": None,  # build() fills in (1,)
                 "flash_attention": self._flash_attention_arg,
                 "beta": self._beta,
                 "standardize": self._standardize,

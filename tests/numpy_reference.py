@@ -1,0 +1,106 @@
+"""Float64 NumPy versions of SPEC.md's equations, written plainly.
+
+Imports numpy only, never the package: an independent computation to test
+the layers against. Loops are deliberate; clarity over speed.
+"""
+
+import numpy as np
+
+
+def causal(num_queries, num_keys):
+    """j <= i, as keras.layers.MultiHeadAttention."""
+    return np.tril(np.ones((num_queries, num_keys), bool))
+
+
+def windows(length, factor, num_prefix_tokens):
+    """Token index lists: one per prefix token, then windows of `factor`."""
+    p = num_prefix_tokens
+    out = [[j] for j in range(p)]
+    for start in range(p, length, factor):
+        out.append(list(range(start, min(start + factor, length))))
+    return out
+
+
+def softmax_rows(logits, visible):
+    out = np.zeros_like(logits)
+    if visible.any():
+        z = logits[visible] - logits[visible].max()
+        e = np.exp(z)
+        out[visible] = e / e.sum()
+    return out
+
+
+def svr_attention(
+    query,
+    value,
+    weights,
+    key=None,
+    mask=None,
+    causal_mask=False,
+    beta=0.0,
+    standardize=False,
+    epsilon=1e-5,
+    head_factors=None,
+    num_prefix_tokens=0,
+    kernel="softmax",
+):
+    """Multi-head SVR attention, Eqns 22, 25, 26 and 51 of SPEC.md.
+
+    Args:
+        query: (B, T, F) inputs; value, key: (B, S, F') inputs.
+        weights: dict of float64 arrays wq (F, N, D), bq (N, D), wk, bk, wv
+            (F', N, Dv), bv, wo (N, Dv, Fo), bo (Fo,).
+        mask: (B, T, S) boolean or None. causal_mask: bool.
+
+    Returns:
+        (output (B, T, Fo), scores (B, N, T, S)).
+    """
+    key = value if key is None else key
+    batch, num_queries, _ = query.shape
+    num_keys = value.shape[1]
+    num_heads, head_dim = weights["wq"].shape[1:]
+    factors = head_factors or [1] * num_heads
+    full = np.ones((batch, num_queries, num_keys), bool)
+    if mask is not None:
+        full &= np.broadcast_to(mask, full.shape)
+    if causal_mask:
+        full &= causal(num_queries, num_keys)[None]
+    heads_out = np.zeros((batch, num_queries, num_heads, weights["wv"].shape[2]))
+    scores = np.zeros((batch, num_heads, num_queries, num_keys))
+    for b in range(batch):
+        valid = full[b].any(axis=0)  # keys some query may see
+        for h in range(num_heads):
+            wins = windows(num_keys, factors[h], num_prefix_tokens)
+            members = [[j for j in w if valid[j]] for w in wins]
+            # Eqn 25: average the valid inputs of each window, then project.
+            kx = np.array([key[b, m].mean(0) if m else key[b, 0] * 0
+                           for m in members])
+            vx = np.array([value[b, m].mean(0) if m else value[b, 0] * 0
+                           for m in members])
+            k = kx @ weights["wk"][:, h] + weights["bk"][h]
+            v = vx @ weights["wv"][:, h] + weights["bv"][h]
+            q = query[b] @ weights["wq"][:, h] + weights["bq"][h]
+            for i in range(num_queries):
+                visible = np.array(
+                    [bool(m) and full[b, i, m].all() for m in members]
+                )
+                if not visible.any():
+                    continue
+                qi, kk = q[i], k
+                if beta or standardize:
+                    mu = k[visible].mean(0)
+                    qi, kk = qi - beta * mu, k - beta * mu
+                    if standardize:
+                        var = (k[visible] ** 2).mean(0) - mu**2
+                        s = np.sqrt(var + epsilon)
+                        qi, kk = qi / s, kk / s
+                if kernel == "softmax":
+                    p = softmax_rows(kk @ qi / np.sqrt(head_dim), visible)
+                else:
+                    raise ValueError(kernel)
+                heads_out[b, i, h] = p @ v
+                for w, m in enumerate(members):
+                    for j in m:
+                        scores[b, h, i, j] = p[w] / len(m)
+    out = np.einsum("btnd,nde->bte", heads_out, weights["wo"]) + weights["bo"]
+    return out, scores

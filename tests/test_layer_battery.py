@@ -1,0 +1,124 @@
+"""The battery every layer goes through (the KerasHub pattern): config round
+trip, symbolic and eager calls, one fit step, jit, mixed precision, and a
+`.keras` save/load equality."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+import keras_svr_attention as ksa
+from tests.testing import BACKEND
+from tests.testing import assert_allclose
+
+T, F = 9, 8
+LAYERS = {
+    "softmax": lambda: ksa.SVRAttention(num_heads=4, key_dim=3),
+    "bn": lambda: ksa.AttentionBN(num_heads=4, key_dim=3, learn_beta=True),
+    "bn-std": lambda: ksa.SVRAttention(
+        num_heads=4, key_dim=3, beta=0.5, standardize=True
+    ),
+    "sh": lambda: ksa.AttentionSH(num_heads=4, key_dim=3),
+    "bn+sh": lambda: ksa.AttentionBNSH(
+        num_heads=4, key_dim=3, num_prefix_tokens=1, dropout=0.1
+    ),
+}
+
+
+def _model(layer, causal=False):
+    inputs = keras.Input((T, F))
+    mask = keras.Input((T,), dtype="bool")
+    x = layer(inputs, inputs, value_mask=mask, use_causal_mask=causal)
+    x = keras.layers.GlobalAveragePooling1D()(x)
+    return keras.Model([inputs, mask], keras.layers.Dense(2)(x))
+
+
+def _data(n=6):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, T, F)).astype("float32")
+    mask = np.arange(T)[None] < rng.integers(3, T + 1, size=(n, 1))
+    return [x, mask], rng.normal(size=(n, 2)).astype("float32")
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_layer_config_round_trip(name):
+    layer = LAYERS[name]()
+    config = layer.get_config()
+    clone = type(layer).from_config(config)
+    assert clone.get_config() == config
+    restored = keras.saving.deserialize_keras_object(
+        keras.saving.serialize_keras_object(layer)
+    )
+    assert type(restored) is type(layer)
+    assert restored.get_config() == config
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_layer_fit_and_save_load(name, tmp_path):
+    model = _model(LAYERS[name](), causal=name == "sh")
+    model.compile("adam", "mse")
+    x, y = _data()
+    before = [np.copy(w) for w in model.get_weights()]
+    history = model.fit(x, y, epochs=1, batch_size=3, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+    after = model.get_weights()
+    assert any(not np.allclose(a, b) for a, b in zip(before, after))
+    path = os.path.join(tmp_path, "model.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0),
+                    atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_layer_jit_compile(name):
+    if BACKEND == "torch":
+        pytest.skip("jit_compile means torch.compile on torch; eager below")
+    model = _model(LAYERS[name](), causal=True)
+    x, _ = _data()
+    eager = model.predict(x, verbose=0)
+    model.compile(jit_compile=True)
+    assert_allclose(model.predict(x, verbose=0), eager, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_layer_torch_eager(name):
+    if BACKEND != "torch":
+        pytest.skip("torch only")
+    layer = LAYERS[name]()
+    (x, mask), _ = _data()
+    out = layer(x, x, value_mask=mask, use_causal_mask=True)
+    assert out.shape == (6, T, F)
+    assert np.isfinite(ops.convert_to_numpy(out)).all()
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_layer_mixed_precision(name, policy):
+    keras.config.set_dtype_policy(policy)
+    layer = LAYERS[name]()
+    (x, mask), _ = _data()
+    mask[0] = False  # a sample that sees nothing: zeros, not NaN
+    for scores in (False, True):
+        out = layer(x, x, value_mask=mask, use_causal_mask=True,
+                    return_attention_scores=scores)
+        outs = out if scores else (out,)
+        for t in outs:
+            assert keras.backend.standardize_dtype(t.dtype) == (
+                layer.compute_dtype
+            )
+            assert np.isfinite(ops.convert_to_numpy(
+                ops.cast(t, "float32"))).all()
+    for w in layer.weights:
+        assert keras.backend.standardize_dtype(w.dtype) == "float32"
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_layer_long_sequence_is_finite(name):
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    layer = LAYERS[name]()
+    x = np.random.default_rng(0).normal(size=(1, 2048, F)) * 10
+    out = layer(x, x, use_causal_mask=True)
+    assert np.isfinite(ops.convert_to_numpy(ops.cast(out, "float32"))).all()

@@ -1,0 +1,368 @@
+"""SVRAttention against NumPy (SPEC equations) and keras MultiHeadAttention.
+
+Sizes are pairwise distinct (B=2, T=7, S=9, N=4, D=3, features 6/5/8) so
+that a swapped axis fails loudly; T and S are not divisible by the factors.
+"""
+
+import itertools
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+import keras_svr_attention as ksa
+from tests import numpy_reference as ref
+from tests.testing import BACKEND
+from tests.testing import assert_allclose
+from tests.testing import attention_weights
+from tests.testing import float64_enabled
+from tests.testing import random_weights
+from tests.testing import value_and_grad
+
+B, T, S, N, D = 2, 7, 9, 4, 3
+MODES = {
+    "softmax": {},
+    "bn": {"beta": 0.8},
+    "bn-std": {"beta": 0.6, "standardize": True},
+    "sh": {"head_factors": [1, 2, 3, 2]},
+    "bn+sh": {"beta": 1.0, "head_factors": [2, 1, 1, 4]},
+    "bn-std+sh": {"beta": 1.2, "standardize": True,
+                  "head_factors": [1, 1, 2, 4]},
+}
+
+
+def make_inputs(num_queries=T, num_keys=S, seed=0, self_attention=False):
+    rng = np.random.default_rng(seed)
+    query = rng.normal(size=(B, num_queries, 6)).astype("float32")
+    if self_attention:
+        return query, query, None
+    value = rng.normal(size=(B, num_keys, 5)).astype("float32")
+    key = rng.normal(size=(B, num_keys, 8)).astype("float32")
+    return query, value, key
+
+
+def make_masks(kind, num_queries, num_keys, seed=0):
+    """(attention_mask for the layer, value_mask, causal flag)."""
+    rng = np.random.default_rng(seed + 1)
+    lengths = np.array([num_keys, num_keys - 4])
+    padding = np.arange(num_keys)[None] < lengths[:, None]
+    if kind == "none":
+        return None, None, False
+    if kind == "padding":
+        return None, padding, False
+    if kind == "causal":
+        return None, None, True
+    if kind == "padding+causal":
+        return None, padding, True
+    if kind == "random":
+        mask = rng.random((B, num_queries, num_keys)) < 0.6
+        mask[0, 2] = False  # a row that sees no key
+        return mask, None, False
+    raise ValueError(kind)
+
+
+def build_layer(mode, num_prefix_tokens=0, **kwargs):
+    layer = ksa.SVRAttention(
+        num_heads=N, key_dim=D, num_prefix_tokens=num_prefix_tokens,
+        **MODES[mode], **kwargs
+    )
+    return layer
+
+
+def reference(layer, query, value, key, attention_mask, value_mask, causal):
+    mask = None
+    if attention_mask is not None:
+        mask = attention_mask
+    if value_mask is not None:
+        mask = (np.ones((B, query.shape[1], value.shape[1]), bool)
+                & value_mask[:, None, :])
+    return ref.svr_attention(
+        query.astype("float64"),
+        value.astype("float64"),
+        attention_weights(layer),
+        key=None if key is None else key.astype("float64"),
+        mask=mask,
+        causal_mask=causal,
+        beta=layer.beta or 0.0,
+        standardize=layer._standardize,
+        epsilon=layer._epsilon,
+        head_factors=list(layer.head_factors),
+        num_prefix_tokens=layer.num_prefix_tokens,
+    )
+
+
+CASES = list(
+    itertools.product(
+        MODES, ["none", "padding", "causal", "padding+causal", "random"],
+        [0, 2],
+    )
+)
+
+
+@pytest.mark.parametrize(
+    "mode,mask_kind,prefix", CASES,
+    ids=[f"{m}-{k}-prefix{p}" for m, k, p in CASES],
+)
+def test_svr_attention_matches_numpy_reference(mode, mask_kind, prefix):
+    query, value, key = make_inputs()
+    attention_mask, value_mask, causal = make_masks(mask_kind, T, S)
+    layer = build_layer(mode, prefix)
+    layer(query, value, key)
+    random_weights(layer)
+    out, scores = layer(
+        query, value, key, attention_mask=attention_mask,
+        value_mask=value_mask, use_causal_mask=causal,
+        return_attention_scores=True,
+    )
+    fused = layer(
+        query, value, key, attention_mask=attention_mask,
+        value_mask=value_mask, use_causal_mask=causal,
+    )
+    want_out, want_scores = reference(
+        layer, query, value, key, attention_mask, value_mask, causal
+    )
+    assert scores.shape == (B, N, T, S)
+    assert_allclose(scores, want_scores, err_msg="scores")
+    assert_allclose(out, want_out, err_msg="output (explicit path)")
+    assert_allclose(fused, want_out, err_msg="output (fused path)")
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_svr_attention_scores_times_values_give_output(mode):
+    """The spread scores times the unpooled values are each head's output."""
+    query, value, key = make_inputs(self_attention=True)
+    _, value_mask, _ = make_masks("padding", T, T)
+    layer = build_layer(mode, num_prefix_tokens=1, use_bias=True)
+    layer(query, value)
+    random_weights(layer)
+    out, scores = layer(query, value, value_mask=value_mask,
+                        use_causal_mask=True, return_attention_scores=True)
+    values = layer.value_dense(value)  # (B, S, N, Dv), unpooled
+    heads = ops.einsum("bnts,bsnd->btnd", scores, values)
+    assert_allclose(layer.output_dense(heads), out)
+
+
+@pytest.mark.parametrize("mode", ["softmax", "bn+sh"])
+def test_svr_attention_value_dim_and_output_shape(mode):
+    query, value, key = make_inputs()
+    layer = build_layer(mode, value_dim=2, output_shape=11)
+    layer(query, value, key)
+    random_weights(layer)
+    out = layer(query, value, key, use_causal_mask=True)
+    want, _ = reference(layer, query, value, key, None, None, True)
+    assert out.shape == (B, T, 11)
+    assert_allclose(out, want)
+
+
+MASK_KINDS = ["none", "value_mask", "causal", "attention_mask", "query_mask"]
+
+
+@pytest.mark.parametrize("kind", MASK_KINDS)
+def test_svr_attention_equals_mha_when_options_off(kind):
+    query, value, key = make_inputs()
+    mha = keras.layers.MultiHeadAttention(num_heads=N, key_dim=D)
+    layer = ksa.SVRAttention(num_heads=N, key_dim=D)
+    mha(query, value, key)
+    layer(query, value, key)
+    random_weights(mha)
+    layer.set_weights(mha.get_weights())
+    rng = np.random.default_rng(3)
+    kwargs, rows = {}, np.ones((B, T), bool)
+    if kind == "value_mask":
+        kwargs["value_mask"] = np.arange(S)[None] < np.array([[S], [S - 3]])
+    elif kind == "causal":
+        kwargs["use_causal_mask"] = True
+    elif kind == "attention_mask":
+        mask = rng.random((B, T, S)) < 0.5
+        mask[..., 0] = True
+        kwargs["attention_mask"] = mask
+    elif kind == "query_mask":
+        rows = np.arange(T)[None] < np.array([[T], [T - 2]])
+        kwargs["query_mask"] = rows
+    want = ops.convert_to_numpy(mha(query, value, key, **kwargs))
+    got = ops.convert_to_numpy(layer(query, value, key, **kwargs))
+    assert_allclose(got[rows], want[rows])
+    if kind == "query_mask":  # zero heads: the output is the output bias
+        bias = ops.convert_to_numpy(layer.output_dense.bias)
+        assert_allclose(got[~rows], np.broadcast_to(bias, got[~rows].shape))
+    got, got_scores = layer(query, value, key, return_attention_scores=True,
+                            **kwargs)
+    _, want_scores = mha(query, value, key, return_attention_scores=True,
+                         **kwargs)
+    assert_allclose(ops.convert_to_numpy(got)[rows], want[rows])
+    assert_allclose(ops.convert_to_numpy(got_scores).transpose(0, 2, 1, 3)
+                    [rows],
+                    ops.convert_to_numpy(want_scores).transpose(0, 2, 1, 3)
+                    [rows])
+
+
+def test_svr_attention_weights_match_mha_layout():
+    mha = keras.layers.MultiHeadAttention(num_heads=N, key_dim=D)
+    layer = ksa.AttentionBNSH(num_heads=N, key_dim=D)
+    query, value, key = make_inputs()
+    mha(query, value, key)
+    layer(query, value, key)
+    assert [w.shape for w in layer.weights] == [w.shape for w in mha.weights]
+    assert [w.path.split("/")[-2:] for w in layer.weights] == [
+        w.path.split("/")[-2:] for w in mha.weights
+    ]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_svr_attention_explicit_causal_equals_use_causal_mask(mode):
+    query, value, _ = make_inputs(self_attention=True)
+    layer = build_layer(mode, num_prefix_tokens=1)
+    tril = np.broadcast_to(np.tril(np.ones((T, T), bool)), (B, T, T))
+    a = layer(query, value, use_causal_mask=True)
+    b = layer(query, value, attention_mask=tril)
+    assert_allclose(a, b)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_svr_attention_padding_via_mask_or_value_mask(mode):
+    query, value, key = make_inputs()
+    _, value_mask, _ = make_masks("padding", T, S)
+    layer = build_layer(mode, num_prefix_tokens=1)
+    a = layer(query, value, key, value_mask=value_mask)
+    b = layer(query, value, key, attention_mask=value_mask[:, None, :])
+    assert_allclose(a, b)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_svr_attention_appended_padding_changes_nothing(mode):
+    query, value, _ = make_inputs(self_attention=True)
+    layer = build_layer(mode, num_prefix_tokens=1)
+    short = layer(query, value, use_causal_mask=True)
+    padded = np.concatenate([value, np.full((B, 5, 6), 7.0, "float32")], 1)
+    mask = np.arange(T + 5)[None].repeat(B, 0) < T
+    long = layer(query, padded, value_mask=mask, use_causal_mask=True)
+    assert_allclose(long, short)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_svr_attention_future_tokens_do_not_leak(mode):
+    query, _, _ = make_inputs(self_attention=True)
+    layer = build_layer(mode, num_prefix_tokens=1)
+    edited = query.copy()
+    edited[:, 4:] += 3.0
+    a = ops.convert_to_numpy(layer(query, query, use_causal_mask=True))
+    b = ops.convert_to_numpy(layer(edited, edited, use_causal_mask=True))
+    assert_allclose(a[:, :4], b[:, :4])
+    assert not np.allclose(a[:, 4:], b[:, 4:])
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_svr_attention_fully_masked_rows_are_zero(mode):
+    query, value, key = make_inputs()
+    mask = np.ones((B, T, S), bool)
+    mask[1, 3] = False
+    mask[0] = False
+    layer = build_layer(mode, dropout=0.1)
+    for training in (False, True):
+        out = ops.convert_to_numpy(
+            layer(query, value, key, attention_mask=mask, training=training)
+        )
+        assert np.isfinite(out).all()
+        heads = layer.output_dense.bias  # output = bias where heads are 0
+        assert_allclose(out[0], np.broadcast_to(
+            ops.convert_to_numpy(heads), out[0].shape))
+        assert_allclose(out[1, 3], ops.convert_to_numpy(heads))
+
+
+@pytest.mark.parametrize(
+    "options,causal",
+    [({"head_factors": [1, 2]}, True), ({"standardize": True}, False)],
+    ids=["bn+sh-causal", "bn-std"],
+)
+def test_svr_attention_gradient_flows_through_mean(options, causal):
+    """Central finite differences in float64 agree with autodiff through mu.
+
+    Were mu treated as a constant, autodiff would miss d mu / d k and
+    disagree with the finite differences. Tolerance: atol 1e-6, rtol 1e-5.
+    """
+    with float64_enabled():
+        _check_gradient_through_mean(options, causal)
+
+
+def _check_gradient_through_mean(options, causal):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(1, 5, 4))
+    layer = ksa.SVRAttention(num_heads=2, key_dim=3, beta=1.0,
+                             dtype="float64", **options)
+    layer(x, x, use_causal_mask=causal)
+    random_weights(layer)
+    probe = rng.normal(size=(1, 5, 4))
+
+    def f(inputs):
+        y = layer(inputs, inputs, use_causal_mask=causal)
+        return ops.sum(y * ops.convert_to_tensor(probe, y.dtype))
+
+    _, grad = value_and_grad(f, x)
+    grad = ops.convert_to_numpy(grad)
+    eps = 1e-6
+    numeric = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        plus, minus = x.copy(), x.copy()
+        plus[idx] += eps
+        minus[idx] -= eps
+        numeric[idx] = (
+            float(ops.convert_to_numpy(f(plus)))
+            - float(ops.convert_to_numpy(f(minus)))
+        ) / (2 * eps)
+    np.testing.assert_allclose(grad, numeric, atol=1e-6, rtol=1e-5)
+
+
+def test_svr_attention_learned_beta_trains():
+    layer = ksa.SVRAttention(num_heads=2, key_dim=3, beta=0.5,
+                             learn_beta=True)
+    inputs = keras.Input((T, 6))
+    x = layer(inputs, inputs)
+    model = keras.Model(
+        inputs, keras.layers.Dense(1)(keras.layers.GlobalAveragePooling1D()(x))
+    )
+    model.compile("adam", "mse")
+    rng = np.random.default_rng(0)
+    model.fit(rng.normal(size=(8, T, 6)) + 2.0, rng.normal(size=(8, 1)),
+              epochs=2, verbose=0)
+    assert layer.beta_weight.trainable
+    assert float(ops.convert_to_numpy(layer.beta_weight)) != 0.5
+
+
+def test_svr_attention_dropout_only_in_training():
+    query, value, key = make_inputs()
+    layer = ksa.SVRAttention(num_heads=N, key_dim=D, dropout=0.5, seed=1)
+    a = layer(query, value, key, training=False)
+    b = layer(query, value, key, training=False)
+    c = layer(query, value, key, training=True)
+    assert_allclose(a, b)
+    assert not np.allclose(ops.convert_to_numpy(a), ops.convert_to_numpy(c))
+
+
+def test_svr_attention_keras_mask_propagation():
+    tokens = np.array([[3, 4, 5, 6, 0, 0, 0], [1, 2, 3, 4, 5, 6, 7]])
+    embed = keras.layers.Embedding(10, 6, mask_zero=True)
+    layer = ksa.AttentionBNSH(num_heads=2, key_dim=3, head_factors=[1, 2])
+    x = embed(tokens)
+    auto = layer(x, x)
+    mask = tokens != 0
+    explicit = layer(x, x, query_mask=mask, value_mask=mask)
+    assert_allclose(auto, explicit)
+    inputs = keras.Input((7,), dtype="int32")
+    y = layer(embed(inputs), embed(inputs))
+    pooled = keras.layers.GlobalAveragePooling1D()(y)
+    model = keras.Model(inputs, pooled)
+    got = ops.convert_to_numpy(model(tokens))
+    manual = ops.convert_to_numpy(explicit)
+    want = np.stack([manual[0, :4].mean(0), manual[1].mean(0)])
+    assert_allclose(got, want)
+
+
+def test_svr_attention_symbolic_scores_shape():
+    layer = ksa.AttentionBNSH(num_heads=N, key_dim=D)
+    q, v = keras.Input((T, 6)), keras.Input((S, 5))
+    out, scores = layer(q, v, return_attention_scores=True)
+    assert out.shape == (None, T, 6)
+    assert scores.shape == (None, N, T, S)
+    assert layer.compute_output_shape((None, T, 6), (None, S, 5)) == (
+        None, T, 6)
