@@ -55,5 +55,6 @@ def tests(session, backend):
 @nox.parametrize("backend", BACKENDS)
 def slow(session, backend):
     _install(session, backend, "test,examples")
-    session.run("pytest", "-q", "-m", "slow", *session.posargs,
-                env=_env(backend))
+    session.run(
+        "pytest", "-q", "-m", "slow", *session.posargs, env=_env(backend)
+    )

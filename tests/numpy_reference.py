@@ -65,7 +65,9 @@ def svr_attention(
         full &= np.broadcast_to(mask, full.shape)
     if causal_mask:
         full &= causal(num_queries, num_keys)[None]
-    heads_out = np.zeros((batch, num_queries, num_heads, weights["wv"].shape[2]))
+    heads_out = np.zeros(
+        (batch, num_queries, num_heads, weights["wv"].shape[2])
+    )
     scores = np.zeros((batch, num_heads, num_queries, num_keys))
     for b in range(batch):
         valid = full[b].any(axis=0)  # keys some query may see
@@ -73,10 +75,12 @@ def svr_attention(
             wins = windows(num_keys, factors[h], num_prefix_tokens)
             members = [[j for j in w if valid[j]] for w in wins]
             # Eqn 25: average the valid inputs of each window, then project.
-            kx = np.array([key[b, m].mean(0) if m else key[b, 0] * 0
-                           for m in members])
-            vx = np.array([value[b, m].mean(0) if m else value[b, 0] * 0
-                           for m in members])
+            kx = np.array(
+                [key[b, m].mean(0) if m else key[b, 0] * 0 for m in members]
+            )
+            vx = np.array(
+                [value[b, m].mean(0) if m else value[b, 0] * 0 for m in members]
+            )
             k = kx @ weights["wk"][:, h] + weights["bk"][h]
             v = vx @ weights["wv"][:, h] + weights["bv"][h]
             q = query[b] @ weights["wq"][:, h] + weights["bq"][h]

@@ -64,12 +64,18 @@ def test_layer_fit_and_save_load(name, tmp_path):
     history = model.fit(x, y, epochs=1, batch_size=3, verbose=0)
     assert np.isfinite(history.history["loss"][0])
     after = model.get_weights()
-    assert any(not np.allclose(a, b) for a, b in zip(before, after))
+    assert any(
+        not np.allclose(a, b) for a, b in zip(before, after, strict=True)
+    )
     path = os.path.join(tmp_path, "model.keras")
     model.save(path)
     loaded = keras.saving.load_model(path)
-    assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0),
-                    atol=1e-6, rtol=1e-6)
+    assert_allclose(
+        loaded.predict(x, verbose=0),
+        model.predict(x, verbose=0),
+        atol=1e-6,
+        rtol=1e-6,
+    )
 
 
 @pytest.mark.parametrize("name", list(LAYERS))
@@ -102,15 +108,21 @@ def test_layer_mixed_precision(name, policy):
     (x, mask), _ = _data()
     mask[0] = False  # a sample that sees nothing: zeros, not NaN
     for scores in (False, True):
-        out = layer(x, x, value_mask=mask, use_causal_mask=True,
-                    return_attention_scores=scores)
+        out = layer(
+            x,
+            x,
+            value_mask=mask,
+            use_causal_mask=True,
+            return_attention_scores=scores,
+        )
         outs = out if scores else (out,)
         for t in outs:
             assert keras.backend.standardize_dtype(t.dtype) == (
                 layer.compute_dtype
             )
-            assert np.isfinite(ops.convert_to_numpy(
-                ops.cast(t, "float32"))).all()
+            assert np.isfinite(
+                ops.convert_to_numpy(ops.cast(t, "float32"))
+            ).all()
     for w in layer.weights:
         assert keras.backend.standardize_dtype(w.dtype) == "float32"
 

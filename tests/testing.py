@@ -1,7 +1,5 @@
 """Test helpers: tolerances, backend-specific gradients, layer weights."""
 
-import contextlib
-
 import keras
 import numpy as np
 
@@ -20,6 +18,7 @@ def assert_allclose(actual, desired, atol=1e-5, rtol=1e-5, err_msg=""):
 
 def attention_weights(layer):
     """The four projections of a built layer as float64 NumPy arrays."""
+
     def arr(v):
         return np.asarray(keras.ops.convert_to_numpy(v), "float64")
 
@@ -38,22 +37,6 @@ def attention_weights(layer):
             np.zeros(bias_shape) if d.bias is None else arr(d.bias)
         )
     return out
-
-
-@contextlib.contextmanager
-def float64_enabled():
-    """JAX computes in float32 unless x64 is switched on; others always can."""
-    if BACKEND != "jax":
-        yield
-        return
-    import jax
-
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_x64", previous)
 
 
 def value_and_grad(fn, x):
@@ -84,6 +67,8 @@ def random_weights(layer, seed=0):
     """Gives every weight (biases too) random values, so that no term is 0."""
     rng = np.random.default_rng(seed)
     layer.set_weights(
-        [rng.normal(size=w.shape).astype(w.dtype) * 0.5
-         for w in layer.get_weights()]
+        [
+            rng.normal(size=w.shape).astype(w.dtype) * 0.5
+            for w in layer.get_weights()
+        ]
     )

@@ -68,8 +68,9 @@ def pool_sequence(x, factor, num_prefix_tokens=0, valid=None):
     else:
         weights = ops.cast(valid, dtype)
     counts = window_sum(weights, factor, num_prefix_tokens)
-    sums = window_sum(ops.cast(x, dtype) * weights[..., None], factor,
-                      num_prefix_tokens)
+    sums = window_sum(
+        ops.cast(x, dtype) * weights[..., None], factor, num_prefix_tokens
+    )
     pooled = sums / ops.maximum(counts, 1.0)[..., None]
     return ops.cast(pooled, x.dtype), counts
 
@@ -92,8 +93,9 @@ def pool_mask(mask, factor, num_prefix_tokens=0):
     valid = masks_lib.valid_keys(mask)
     blocked = ops.cast(ops.logical_and(valid, ops.logical_not(mask)), dtype)
     num_blocked = window_sum(blocked, factor, num_prefix_tokens, axis=2)
-    num_valid = window_sum(ops.cast(valid, dtype), factor, num_prefix_tokens,
-                           axis=2)
+    num_valid = window_sum(
+        ops.cast(valid, dtype), factor, num_prefix_tokens, axis=2
+    )
     pooled = ops.logical_and(num_valid > 0, num_blocked == 0)
     return pooled, ops.squeeze(valid, axis=1)
 
@@ -115,9 +117,9 @@ def spread_scores(scores, factor, num_prefix_tokens, counts, valid, length):
     """
     p = num_prefix_tokens
     dtype = accumulation_dtype(scores.dtype)
-    per_token = ops.cast(scores, dtype) / ops.maximum(counts, 1.0)[
-        :, None, None, :
-    ]
+    per_token = (
+        ops.cast(scores, dtype) / ops.maximum(counts, 1.0)[:, None, None, :]
+    )
     prefix = per_token[..., :p]
     rest = ops.repeat(per_token[..., p:], factor, axis=-1)[..., : length - p]
     out = ops.concatenate([prefix, rest], axis=-1)

@@ -70,9 +70,7 @@ def key_moments(
         mask = masks_lib.broadcast_keys(mask, num_keys)
         weights = ops.cast(mask, dtype)
         batch = ops.shape(keys)[0]
-        weights = ops.broadcast_to(
-            weights, (batch, weights.shape[1], num_keys)
-        )
+        weights = ops.broadcast_to(weights, (batch, weights.shape[1], num_keys))
         count = ops.sum(weights, axis=-1)[:, :, None, None]
         sums = [ops.einsum("bts,bsnd->btnd", weights, f) for f in feats]
     else:
@@ -92,12 +90,13 @@ def key_moments(
         else:
             count = ops.sum(weights, axis=1, keepdims=True)
             sums = [ops.sum(f * weights, axis=1, keepdims=True) for f in feats]
+    seen = count > 0
     count = ops.maximum(count, 1.0)
     mean = sums[0] / count
     if not with_variance:
         return mean
     variance = ops.maximum(sums[1] / count - ops.square(mean), 0.0)
-    return mean + shift, variance
+    return ops.where(seen, mean + shift, 0.0), variance
 
 
 def shift_query(query, mean, beta, variance=None, epsilon=1e-5):

@@ -15,8 +15,11 @@ def positive_int(name, value, allow_none=False):
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        _fail(name, "a positive integer" + (" or None" if allow_none else ""),
-              value)
+        _fail(
+            name,
+            "a positive integer" + (" or None" if allow_none else ""),
+            value,
+        )
     return value
 
 
@@ -35,8 +38,11 @@ def non_negative_float(name, value, allow_none=False):
         or not math.isfinite(value)
         or value < 0
     ):
-        _fail(name, "a finite number >= 0" + (" or None" if allow_none else ""),
-              value)
+        _fail(
+            name,
+            "a finite number >= 0" + (" or None" if allow_none else ""),
+            value,
+        )
     return float(value)
 
 

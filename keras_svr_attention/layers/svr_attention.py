@@ -239,7 +239,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         expected = (batch, num_queries, num_keys)
         ok = len(mask.shape) == 3 and all(
             d is None or e is None or d in (1, e)
-            for d, e in zip(mask.shape, expected)
+            for d, e in zip(mask.shape, expected, strict=True)
         )
         if not ok:
             raise ValueError(
@@ -306,8 +306,14 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 group_mask, causal = mask, use_causal_mask
             else:
                 group_key, group_value, group_mask, spread = self._pool(
-                    key, value, key_is_value, heads, factor, mask,
-                    use_causal_mask, num_queries,
+                    key,
+                    value,
+                    key_is_value,
+                    heads,
+                    factor,
+                    mask,
+                    use_causal_mask,
+                    num_queries,
                 )
                 causal = False
             out, score = self._compute_attention(
@@ -330,15 +336,24 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         return output
 
     def _merge_heads(self, tensors, axis):
-        merged = tensors[0] if len(tensors) == 1 else ops.concatenate(
-            tensors, axis=axis
+        merged = (
+            tensors[0]
+            if len(tensors) == 1
+            else ops.concatenate(tensors, axis=axis)
         )
         if self._head_order is not None:
             merged = ops.take(merged, self._head_order, axis=axis)
         return merged
 
     def _pool(
-        self, key, value, key_is_value, heads, factor, mask, causal,
+        self,
+        key,
+        value,
+        key_is_value,
+        heads,
+        factor,
+        mask,
+        causal,
         num_queries,
     ):
         """Pooled keys, values and mask of one group of heads (Eqn 25)."""
@@ -387,7 +402,9 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             # sees one key): attend in float32 and cast back.
             out, scores = self._compute_attention(
                 *(ops.cast(t, "float32") for t in (query, key, value)),
-                attention_mask, training, return_attention_scores,
+                attention_mask,
+                training,
+                return_attention_scores,
                 use_causal_mask=use_causal_mask,
             )
             scores = None if scores is None else ops.cast(scores, dtype)
@@ -400,16 +417,16 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 num_queries=query.shape[1],
                 with_variance=self._standardize,
             )
-            mean, variance = (
-                moments if self._standardize else (moments, None)
-            )
+            mean, variance = moments if self._standardize else (moments, None)
             query = statistics.shift_query(
                 query, mean, self._beta_value(), variance, self._epsilon
             )
         dropout = None
         if self._dropout > 0 and training:
+
             def dropout(w):
                 return self._dropout_layer(w, training=training)
+
         return kernels.softmax_attention(
             query,
             key,
@@ -442,7 +459,10 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         if not return_attention_scores:
             return output
         scores_shape = (
-            query.shape[0], self._num_heads, query.shape[1], value.shape[1]
+            query.shape[0],
+            self._num_heads,
+            query.shape[1],
+            value.shape[1],
         )
         return output, keras.KerasTensor(scores_shape, dtype=self.compute_dtype)
 

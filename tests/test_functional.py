@@ -1,0 +1,83 @@
+"""Unit tests of the functional core against plain NumPy."""
+
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_svr_attention.functional import masks
+from keras_svr_attention.functional import pooling
+from keras_svr_attention.functional import statistics
+from tests import numpy_reference as ref
+from tests.testing import assert_allclose
+
+
+def test_causal_mask_matches_lower_triangle():
+    got = ops.convert_to_numpy(masks.causal_mask(4, 6))
+    np.testing.assert_array_equal(got[0], ref.causal(4, 6))
+
+
+def test_merge_masks_is_none_tolerant_and():
+    a = np.array([[[True, False, True]]])
+    b = np.array([[[True], [False]]])
+    assert masks.merge_masks(None, None) is None
+    got = ops.convert_to_numpy(masks.merge_masks(a, None, b))
+    np.testing.assert_array_equal(got, a & b)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("kind", ["none", "padding", "dense"])
+def test_key_moments_match_masked_numpy_moments(kind, causal):
+    rng = np.random.default_rng(0)
+    keys = rng.normal(size=(2, 7, 3, 4)).astype("float32") + 2.0
+    T = 5
+    if kind == "none":
+        mask = None
+        full = np.ones((2, T, 7), bool)
+    elif kind == "padding":
+        mask = (np.arange(7)[None] < np.array([[7], [4]]))[:, None, :]
+        full = np.broadcast_to(mask, (2, T, 7))
+    else:
+        mask = rng.random((2, T, 7)) < 0.6
+        full = mask
+    if causal:
+        full = full & ref.causal(T, 7)[None]
+    mean, var = statistics.key_moments(
+        keys, mask, causal=causal, num_queries=T, with_variance=True
+    )
+    mean = np.broadcast_to(ops.convert_to_numpy(mean), (2, T, 3, 4))
+    var = np.broadcast_to(ops.convert_to_numpy(var), (2, T, 3, 4))
+    for b in range(2):
+        for i in range(T):
+            seen = keys[b, full[b, i]].astype("float64")
+            if len(seen) == 0:
+                np.testing.assert_array_equal(mean[b, i], 0)
+                continue
+            assert_allclose(mean[b, i], seen.mean(0))
+            assert_allclose(var[b, i], seen.var(0), atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "length,factor,prefix", [(7, 2, 0), (7, 3, 1), (9, 4, 2), (5, 8, 0)]
+)
+def test_pool_sequence_averages_valid_tokens(length, factor, prefix):
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(2, length, 3)).astype("float32")
+    valid = rng.random((2, length)) < 0.7
+    pooled, counts = pooling.pool_sequence(x, factor, prefix, valid)
+    wins = ref.windows(length, factor, prefix)
+    assert pooled.shape == (2, pooling.pooled_length(length, factor, prefix), 3)
+    pooled = ops.convert_to_numpy(pooled)
+    for b in range(2):
+        for w, members in enumerate(wins):
+            members = [j for j in members if valid[b, j]]
+            assert ops.convert_to_numpy(counts)[b, w] == len(members)
+            if members and w >= prefix:
+                assert_allclose(pooled[b, w], x[b, members].mean(0))
+
+
+def test_pool_mask_requires_every_valid_token_of_window():
+    mask = ref.causal(6, 6)[None]
+    pooled, valid = pooling.pool_mask(mask, 2, 0)
+    want = np.array([[w * 2 + 1 <= i for w in range(3)] for i in range(6)])
+    np.testing.assert_array_equal(ops.convert_to_numpy(pooled)[0], want)
+    assert ops.convert_to_numpy(valid).all()
