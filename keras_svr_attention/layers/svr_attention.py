@@ -293,6 +293,14 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         )
         mask = masks_lib.broadcast_keys(mask, num_keys)
 
+        # Fresh tensors: the masks are consumed here, and a sublayer given a
+        # tensor with a Keras mask attached warns that it drops it.
+        if query_mask is not None:
+            query = ops.copy(query)
+        if value_mask is not None or key_mask is not None:
+            value = ops.copy(value)
+            key = value if key_is_value else ops.copy(key)
+
         query = self._query_dense(query)
         outputs, scores = [], []
         for factor, heads in self._groups:
