@@ -1,10 +1,20 @@
 """Attention layers derived from support vector regression, for Keras 3."""
 
+from keras_svr_attention import diagnostics
 from keras_svr_attention import functional
+from keras_svr_attention import models
+from keras_svr_attention.diagnostics.heads import attention_maps
+from keras_svr_attention.diagnostics.heads import head_redundancy
 from keras_svr_attention.layers.presets import AttentionBN
 from keras_svr_attention.layers.presets import AttentionBNSH
 from keras_svr_attention.layers.presets import AttentionSH
+from keras_svr_attention.layers.presets import get
 from keras_svr_attention.layers.svr_attention import SVRAttention
+from keras_svr_attention.models.encoder import StochasticDepth
+from keras_svr_attention.models.encoder import TransformerEncoderBlock
+from keras_svr_attention.models.timeseries import timeseries_classifier
+from keras_svr_attention.models.vit import VIT_PRESETS
+from keras_svr_attention.models.vit import vit_classifier
 
 __version__ = "0.1.0"
 
@@ -13,5 +23,15 @@ __all__ = [
     "AttentionBNSH",
     "AttentionSH",
     "SVRAttention",
+    "StochasticDepth",
+    "TransformerEncoderBlock",
+    "VIT_PRESETS",
+    "attention_maps",
+    "diagnostics",
     "functional",
+    "get",
+    "head_redundancy",
+    "models",
+    "timeseries_classifier",
+    "vit_classifier",
 ]

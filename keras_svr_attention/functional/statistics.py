@@ -59,10 +59,10 @@ def key_moments(
         row_dependent, causal = True, False
     shift = 0.0
     if with_variance:
-        # Shifted data: moments of k - c, c the mean of the keys that any
-        # query may see, keep E[k^2] - mu^2 from cancelling in float32.
-        valid = None if mask is None else masks_lib.valid_keys(mask)
-        shift = key_moments(keys, valid)
+        # Shifted data: moments of k - k_0 keep E[k^2] - mu^2 from
+        # cancelling in float32. k_0 (the first key) is exact for any
+        # shift and never depends on later tokens.
+        shift = keys[:, :1]
         keys = keys - shift
     feats = [keys, ops.square(keys)] if with_variance else [keys]
 

@@ -71,3 +71,41 @@ class AttentionBNSH(SVRAttention):
         super().__init__(
             num_heads, key_dim, beta=beta, head_factors=head_factors, **kwargs
         )
+
+
+# The one map from lowercase paper names (joined by "+") to attentions.
+_NAMES = {
+    "softmax": (SVRAttention, {}),
+    "bn": (AttentionBN, {}),
+    "sh": (AttentionSH, {}),
+    "bn+sh": (AttentionBNSH, {}),
+}
+
+
+def available():
+    """Names accepted by `get`."""
+    return sorted(_NAMES)
+
+
+def get(attention, num_heads, key_dim, **kwargs):
+    """Builds the attention named `attention` ("softmax", "bn", "sh", ...).
+
+    `kwargs` go to the layer; a `beta` or `head_factors` of None keeps the
+    preset's default. Raises `ValueError` for an unknown name.
+    """
+    key = str(attention).lower().replace("-", "+").replace("_", "+")
+    if key not in _NAMES:
+        raise ValueError(
+            f"`attention` must be one of {available()}. Received: "
+            f"attention={attention!r}"
+        )
+    cls, defaults = _NAMES[key]
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    if key == "softmax":
+        kwargs.pop("head_factors", None)
+        kwargs.pop("beta", None)
+    elif key == "bn":
+        kwargs.pop("head_factors", None)
+    elif key == "sh":
+        kwargs.pop("beta", None)
+    return cls(num_heads=num_heads, key_dim=key_dim, **defaults, **kwargs)

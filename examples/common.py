@@ -1,0 +1,172 @@
+"""Shared by the example scripts: the comparison loop, table and plots."""
+
+import csv
+import json
+import os
+import time
+
+import keras
+import numpy as np
+
+import keras_svr_attention as ksa
+from keras_svr_attention.diagnostics import plots
+
+ATTENTIONS = ["softmax", "bn", "sh", "bn+sh"]
+
+
+def parse_attentions(value):
+    names = ATTENTIONS if value == "all" else value.split(",")
+    for name in names:
+        if name not in ksa.layers.presets.available():
+            raise SystemExit(
+                f"error: unknown attention {name!r}; choose from "
+                f"{ksa.layers.presets.available()} or 'all'"
+            )
+    return names
+
+
+def parse_factors(value):
+    return None if value is None else [int(f) for f in value.split(",")]
+
+
+def run_comparison(
+    build_model,
+    train,
+    test,
+    attentions,
+    seeds,
+    epochs,
+    batch_size,
+    learning_rate,
+    output_dir,
+    redundancy_inputs,
+    redundancy_mask=None,
+    extra_metrics=(),
+    weight_decay=0.05,
+    verbose=1,
+):
+    """Trains every attention for every seed; writes table, JSON and plots.
+
+    Returns the list of result rows (one per attention).
+    """
+    os.makedirs(output_dir, exist_ok=True)
+    rows, histories, redundancy = [], {}, {}
+    for name in attentions:
+        runs = []
+        for seed in range(seeds):
+            keras.utils.set_random_seed(seed)
+            model = build_model(name)
+            steps = epochs * int(np.ceil(len(train[1]) / batch_size))
+            schedule = keras.optimizers.schedules.CosineDecay(
+                learning_rate, max(steps, 1), warmup_target=None
+            )
+            model.compile(
+                optimizer=keras.optimizers.AdamW(
+                    schedule, weight_decay=weight_decay
+                ),
+                loss=keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True
+                ),
+                metrics=["accuracy", *extra_metrics],
+            )
+            print(f"== {name}, seed {seed}: {model.count_params()} params")
+            start = time.perf_counter()
+            history = model.fit(
+                train[0],
+                train[1],
+                validation_data=test,
+                epochs=epochs,
+                batch_size=batch_size,
+                verbose=verbose,
+            )
+            seconds = time.perf_counter() - start
+            start = time.perf_counter()
+            scores = model.evaluate(
+                test[0], test[1], verbose=0, return_dict=True
+            )
+            eval_seconds = time.perf_counter() - start
+            maps = ksa.attention_maps(model, redundancy_inputs)
+            runs.append(
+                {
+                    "accuracy": 100 * scores["accuracy"],
+                    **{
+                        m: 100 * scores[m]
+                        for m in scores
+                        if m not in ("loss", "accuracy")
+                    },
+                    "params": model.count_params(),
+                    "train_seconds": seconds,
+                    "test_samples_per_second": len(test[1]) / eval_seconds,
+                    "redundancy": ksa.head_redundancy(maps, redundancy_mask),
+                    "history": history.history,
+                }
+            )
+            if seed == 0:
+                plots.plot_attention_maps(
+                    maps,
+                    path=os.path.join(output_dir, f"maps_{_slug(name)}.png"),
+                    title=name,
+                )
+        histories[name] = [r.pop("history") for r in runs]
+        row = {"attention": name, "seeds": seeds}
+        for key in runs[0]:
+            values = np.array([r[key] for r in runs], "float64")
+            row[key] = float(values.mean())
+            row[key + "_std"] = float(values.std())
+        rows.append(row)
+        redundancy[name] = (row["redundancy"], row["redundancy_std"])
+    _write(rows, histories, redundancy, output_dir)
+    return rows
+
+
+def _slug(name):
+    return name.replace("+", "_")
+
+
+def format_table(rows):
+    metric_keys = [
+        k for k in rows[0] if k.startswith("top") and not k.endswith("_std")
+    ]
+    head = [
+        "attention",
+        "test accuracy %",
+        *[f"{k} %" for k in metric_keys],
+        "params",
+        "train s",
+        "test samples/s",
+        "head redundancy",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [
+            r["attention"],
+            f"{r['accuracy']:.2f} ± {r['accuracy_std']:.2f}",
+            *[f"{r[k]:.2f} ± {r[k + '_std']:.2f}" for k in metric_keys],
+            f"{int(r['params'])}",
+            f"{r['train_seconds']:.1f}",
+            f"{r['test_samples_per_second']:.0f}",
+            f"{r['redundancy']:.3f} ± {r['redundancy_std']:.3f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _write(rows, histories, redundancy, output_dir):
+    table = format_table(rows)
+    print(table)
+    with open(os.path.join(output_dir, "results.md"), "w") as f:
+        f.write(table + "\n")
+    with open(os.path.join(output_dir, "results.json"), "w") as f:
+        json.dump(
+            {"backend": keras.config.backend(), "rows": rows}, f, indent=2
+        )
+    with open(os.path.join(output_dir, "results.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    plots.plot_training_curves(
+        histories, path=os.path.join(output_dir, "curves.png")
+    )
+    plots.plot_head_redundancy(
+        redundancy, path=os.path.join(output_dir, "redundancy.png")
+    )

@@ -1,0 +1,1 @@
+"""Attention maps and head redundancy, with plotting helpers."""

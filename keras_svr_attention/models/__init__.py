@@ -1,0 +1,1 @@
+"""Transformer blocks and model builders using the SVR attentions."""
