@@ -8,6 +8,18 @@ shape that broadcasts to `(B, T, S)`: `(B, 1, S)` for key padding,
 from keras import ops
 
 
+def shape_of(x):
+    """Static sizes where known, dynamic (`ops.shape`) ones elsewhere."""
+    dynamic = None
+    out = []
+    for i, d in enumerate(x.shape):
+        if d is None:
+            dynamic = ops.shape(x) if dynamic is None else dynamic
+            d = dynamic[i]
+        out.append(d)
+    return tuple(out)
+
+
 def merge_masks(*masks):
     """Logical AND of the masks that are not `None`; `None` if all are."""
     merged = None
@@ -71,7 +83,7 @@ def broadcast_keys(mask, num_keys):
     """
     if mask is None or mask.shape[-1] == num_keys:
         return mask
-    shape = ops.shape(mask)
+    shape = shape_of(mask)
     return ops.broadcast_to(mask, (shape[0], shape[1], num_keys))
 
 

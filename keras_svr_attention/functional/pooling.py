@@ -33,15 +33,16 @@ def window_sum(x, factor, num_prefix_tokens=0, axis=1):
     """
     x = ops.moveaxis(x, axis, 1) if axis != 1 else x
     p = num_prefix_tokens
-    length = x.shape[1] if x.shape[1] is not None else ops.shape(x)[1]
+    length = masks_lib.shape_of(x)[1]
     prefix, rest = x[:, :p], x[:, p:]
     pad = (-(length - p)) % factor
     if pad:
         widths = [[0, 0]] * len(x.shape)
         widths[1] = [0, pad]
         rest = ops.pad(rest, widths)
-    shape = ops.shape(rest)
-    rest = ops.reshape(rest, (shape[0], -1, factor, *shape[2:]))
+    shape = masks_lib.shape_of(rest)
+    windows = (length - p + pad) // factor
+    rest = ops.reshape(rest, (shape[0], windows, factor, *shape[2:]))
     out = ops.concatenate([prefix, ops.sum(rest, axis=2)], axis=1)
     return ops.moveaxis(out, 1, axis) if axis != 1 else out
 
@@ -62,7 +63,7 @@ def pool_sequence(x, factor, num_prefix_tokens=0, valid=None):
         to zeros (it is masked downstream).
     """
     dtype = accumulation_dtype(x.dtype)
-    length = x.shape[1] if x.shape[1] is not None else ops.shape(x)[1]
+    length = masks_lib.shape_of(x)[1]
     if valid is None:
         weights = ops.ones((1, length), dtype)
     else:

@@ -49,7 +49,7 @@ def key_moments(
     """
     dtype = accumulation_dtype(keys.dtype)
     keys = ops.cast(keys, dtype)
-    num_keys = keys.shape[1]
+    num_keys = masks_lib.shape_of(keys)[1]
     row_dependent = mask is not None and mask.shape[1] != 1
     if causal and (row_dependent or num_queries is None):
         num_queries = mask.shape[1] if num_queries is None else num_queries
@@ -69,8 +69,8 @@ def key_moments(
     if row_dependent:
         mask = masks_lib.broadcast_keys(mask, num_keys)
         weights = ops.cast(mask, dtype)
-        batch = ops.shape(keys)[0]
-        weights = ops.broadcast_to(weights, (batch, weights.shape[1], num_keys))
+        batch, rows = masks_lib.shape_of(keys)[0], masks_lib.shape_of(mask)[1]
+        weights = ops.broadcast_to(weights, (batch, rows, num_keys))
         count = ops.sum(weights, axis=-1)[:, :, None, None]
         sums = [ops.einsum("bts,bsnd->btnd", weights, f) for f in feats]
     else:

@@ -153,7 +153,8 @@ class TransformerEncoderBlock(keras.layers.Layer):
         self.mlp_out = keras.layers.Dense(width, name="mlp_out", **kw)
         self.drop = keras.layers.Dropout(self.dropout, **kw)
         self.path_drop = StochasticDepth(self.drop_path, **kw)
-        self.attention_layer.build(input_shape, input_shape)
+        if not self.attention_layer.built:
+            self.attention_layer.build(input_shape, input_shape)
         self.norm1.build(input_shape)
         self.norm2.build(input_shape)
         self.mlp_in.build(input_shape)

@@ -67,4 +67,8 @@ def timeseries_classifier(
     x = MaskedMeanPooling(name="pool")(x, padding_mask=mask)
     x = keras.layers.Dropout(dropout)(x)
     outputs = keras.layers.Dense(num_classes, name="head")(x)
-    return keras.Model([series, mask], outputs, name=f"ts_{attention}")
+    return keras.Model(
+        [series, mask],
+        outputs,
+        name=f"ts_{getattr(attention, 'name', attention).replace('+', '_')}",
+    )

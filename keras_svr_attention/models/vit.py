@@ -105,4 +105,8 @@ def vit_classifier(
     x = keras.layers.LayerNormalization(epsilon=1e-6, name="norm")(x)
     x = SelectToken(0, name="cls")(x)
     outputs = keras.layers.Dense(num_classes, name="head")(x)
-    return keras.Model(inputs, outputs, name=f"vit_{attention}")
+    return keras.Model(
+        inputs,
+        outputs,
+        name=f"vit_{getattr(attention, 'name', attention).replace('+', '_')}",
+    )

@@ -1,0 +1,159 @@
+"""Encoder block, model builders and head diagnostics, on every backend."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+import keras_svr_attention as ksa
+from tests.testing import assert_allclose
+
+ATTENTIONS = ["softmax", "bn", "sh", "bn+sh"]
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_encoder_block_ignores_padded_steps(attention):
+    block = ksa.TransformerEncoderBlock(
+        num_heads=4,
+        hidden_dim=16,
+        attention=attention,
+        head_factors=[1, 1, 2, 3] if "sh" in attention else None,
+    )
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 7, 8)).astype("float32")
+    mask = np.arange(7)[None] < np.array([[7], [4]])
+    a = ops.convert_to_numpy(block(x, padding_mask=mask))
+    x2 = x.copy()
+    x2[1, 4:] = 50.0
+    b = ops.convert_to_numpy(block(x2, padding_mask=mask))
+    assert_allclose(a[mask], b[mask])
+
+
+def test_encoder_block_takes_a_configured_layer_and_round_trips():
+    layer = ksa.AttentionBNSH(num_heads=2, key_dim=4, head_factors=[1, 2])
+    block = ksa.TransformerEncoderBlock(2, 16, attention=layer)
+    x = np.random.default_rng(0).normal(size=(2, 5, 8)).astype("float32")
+    y = block(x)
+    assert block.attention_layer is layer
+    clone = ksa.TransformerEncoderBlock.from_config(block.get_config())
+    clone(x)
+    clone.set_weights(block.get_weights())
+    assert_allclose(clone(x), y)
+    assert isinstance(clone.attention_layer, ksa.AttentionBNSH)
+
+
+def test_encoder_block_rejects_unknown_attention():
+    with pytest.raises(ValueError, match="`attention`"):
+        ksa.TransformerEncoderBlock(2, 16, attention="cosine")
+    with pytest.raises(ValueError, match="`head_factors`"):
+        ksa.TransformerEncoderBlock(
+            2, 16, attention="sh", head_factors=[1, 2, 4]
+        )
+
+
+def test_stochastic_depth_drops_whole_samples():
+    layer = ksa.StochasticDepth(0.5, seed=0)
+    x = np.ones((4000, 3, 2), "float32")
+    y = ops.convert_to_numpy(layer(x, training=True))
+    per_sample = y.reshape(4000, -1)
+    assert set(np.unique(per_sample)) <= {0.0, 2.0}
+    assert (per_sample == per_sample[:, :1]).all()  # all or nothing
+    assert abs(per_sample.mean() - 1.0) < 0.1
+    assert_allclose(layer(x, training=False), x)
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_vit_classifier_shapes_and_prefix_token(attention, tmp_path):
+    model = ksa.vit_classifier((8, 8, 1), 10, attention=attention, depth=2)
+    x = np.random.default_rng(0).random((3, 8, 8, 1)).astype("float32")
+    logits = model.predict(x, verbose=0)
+    assert logits.shape == (3, 10)
+    blocks = [
+        layer
+        for layer in model.layers
+        if isinstance(layer, ksa.TransformerEncoderBlock)
+    ]
+    assert len(blocks) == 2
+    assert all(b.attention_layer.num_prefix_tokens == 1 for b in blocks)
+    path = os.path.join(tmp_path, "vit.keras")
+    model.save(path)
+    assert_allclose(
+        keras.saving.load_model(path).predict(x, verbose=0),
+        logits,
+        atol=1e-6,
+        rtol=1e-6,
+    )
+
+
+def test_vit_classifier_rejects_bad_options():
+    with pytest.raises(ValueError, match="`preset`"):
+        ksa.vit_classifier((8, 8, 1), 10, preset="huge")
+    with pytest.raises(ValueError, match="`patch_size`"):
+        ksa.vit_classifier((8, 8, 1), 10, patch_size=3)
+    with pytest.raises(ValueError, match="widht"):
+        ksa.vit_classifier((8, 8, 1), 10, widht=3)
+
+
+def test_deit_tiny_preset_matches_the_paper():
+    cfg = ksa.VIT_PRESETS["deit-tiny"]
+    assert (cfg["depth"], cfg["width"], cfg["num_heads"]) == (12, 192, 4)
+    assert cfg["head_factors"] == [1, 1, 2, 4] and cfg["beta"] == 1.0
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_timeseries_classifier_ignores_padding(attention):
+    model = ksa.timeseries_classifier(
+        11, 3, 4, attention=attention, width=16, depth=1
+    )
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 11, 3)).astype("float32")
+    mask = np.arange(11)[None] < np.array([[11], [6]])
+    a = model.predict([x, mask], verbose=0)
+    x[1, 6:] = 9.0
+    assert_allclose(model.predict([x, mask], verbose=0), a)
+    assert a.shape == (2, 4)
+
+
+def test_attention_maps_cover_every_block_and_head():
+    model = ksa.timeseries_classifier(
+        9, 3, 2, attention="bn+sh", width=16, depth=2
+    )
+    x = np.random.default_rng(0).normal(size=(5, 9, 3)).astype("float32")
+    mask = np.arange(9)[None] < np.array([[9], [5], [9], [3], [7]])
+    maps = ksa.attention_maps(model, [x, mask], batch_size=2)
+    assert [m.shape for m in maps] == [(5, 8, 9, 9)] * 2
+    sums = maps[0].sum(-1)  # (B, N, T)
+    np.testing.assert_allclose(sums.transpose(0, 2, 1)[mask], 1.0, atol=1e-5)
+    assert np.all(
+        maps[0][~mask[:, None, None, :].repeat(8, 1).repeat(9, 2)] == 0
+    )
+
+
+def test_head_redundancy_matches_hand_computation():
+    eye = np.eye(3)[None]  # one head attends to itself
+    shift = np.roll(np.eye(3), 1, axis=1)[None]
+    maps = np.stack([eye, eye, shift], axis=1)  # (1, 3, 3, 3)
+    # Pairs: (eye, eye) -> 0, (eye, shift) -> sqrt(2) twice.
+    want = (0 + 2 * np.sqrt(2)) / 3
+    assert ksa.head_redundancy(maps) == pytest.approx(want)
+    assert ksa.head_redundancy([maps, maps]) == pytest.approx(want)
+    mask = np.array([[True, True, False]])
+    assert ksa.head_redundancy(maps, mask) == pytest.approx(want)
+
+
+def test_plots_write_png_files(tmp_path):
+    pytest.importorskip("matplotlib")
+    from keras_svr_attention.diagnostics import plots
+
+    maps = [np.random.default_rng(0).random((1, 2, 4, 4))]
+    plots.plot_attention_maps(maps, path=tmp_path / "maps.png")
+    plots.plot_training_curves(
+        {"bn": [{"val_accuracy": [0.5, 0.7]}]}, path=tmp_path / "curves.png"
+    )
+    plots.plot_head_redundancy(
+        {"bn": (1.0, 0.1)}, path=tmp_path / "redundancy.png"
+    )
+    for name in ("maps", "curves", "redundancy"):
+        assert (tmp_path / f"{name}.png").stat().st_size > 1000
