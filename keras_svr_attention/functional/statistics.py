@@ -30,6 +30,36 @@ def accumulation_dtype(dtype):
     return "float32"
 
 
+def running_moments(keys, weights=None, with_variance=False):
+    """Prefix mean (and variance) of the keys: mu_w over keys 0..w.
+
+    Args:
+        keys: `(B, S, N, D)`.
+        weights: `(B|1, S)` 0/1 weights of valid keys, or None.
+
+    Returns:
+        `(mean, count)` or `(mean, variance, count)`: `(B, S, N, D)` in
+        float32 and the running count `(B|1, S, 1, 1)`. Where no valid key
+        has been seen yet the moments are 0.
+    """
+    dtype = accumulation_dtype(keys.dtype)
+    keys = ops.cast(keys, dtype)
+    num_keys = masks_lib.shape_of(keys)[1]
+    if weights is None:
+        weights = ops.ones((1, num_keys), dtype)
+    weights = ops.reshape(ops.cast(weights, dtype), (-1, num_keys, 1, 1))
+    shift = keys[:, :1] if with_variance else 0.0  # see key_moments
+    keys = keys - shift
+    count = ops.cumsum(weights, axis=1)
+    safe = ops.maximum(count, 1.0)
+    mean = ops.cumsum(keys * weights, axis=1) / safe
+    if not with_variance:
+        return mean, count
+    square = ops.cumsum(ops.square(keys) * weights, axis=1) / safe
+    variance = ops.maximum(square - ops.square(mean), 0.0)
+    return ops.where(count > 0, mean + shift, 0.0), variance, count
+
+
 def key_moments(
     keys, mask=None, causal=False, num_queries=None, with_variance=False
 ):
@@ -57,6 +87,18 @@ def key_moments(
             mask, masks_lib.causal_mask(num_queries, num_keys)
         )
         row_dependent, causal = True, False
+    weights = None
+    if mask is not None:
+        weights = ops.cast(masks_lib.broadcast_keys(mask, num_keys), dtype)
+    if causal:
+        # Prefix sums: query i sees keys 0..min(i, S - 1).
+        if weights is not None:
+            weights = ops.reshape(weights, (-1, num_keys))
+        moments = running_moments(keys, weights, with_variance)
+        idx = ops.minimum(ops.arange(num_queries), num_keys - 1)
+        moments = [ops.take(m, idx, axis=1) for m in moments[:-1]]
+        return tuple(moments) if with_variance else moments[0]
+
     shift = 0.0
     if with_variance:
         # Shifted data: moments of k - k_0 keep E[k^2] - mu^2 from
@@ -65,31 +107,17 @@ def key_moments(
         shift = keys[:, :1]
         keys = keys - shift
     feats = [keys, ops.square(keys)] if with_variance else [keys]
-
     if row_dependent:
-        mask = masks_lib.broadcast_keys(mask, num_keys)
-        weights = ops.cast(mask, dtype)
         batch, rows = masks_lib.shape_of(keys)[0], masks_lib.shape_of(mask)[1]
         weights = ops.broadcast_to(weights, (batch, rows, num_keys))
         count = ops.sum(weights, axis=-1)[:, :, None, None]
         sums = [ops.einsum("bts,bsnd->btnd", weights, f) for f in feats]
     else:
-        if mask is None:
-            weights = ops.ones((1, num_keys, 1, 1), dtype)
-        else:
-            weights = ops.cast(masks_lib.broadcast_keys(mask, num_keys), dtype)
-            weights = ops.reshape(weights, (-1, num_keys, 1, 1))
-        if causal:
-            # Prefix sums: query i sees keys 0..min(i, S - 1).
-            idx = ops.minimum(ops.arange(num_queries), num_keys - 1)
-            count = ops.take(ops.cumsum(weights, axis=1), idx, axis=1)
-            sums = [
-                ops.take(ops.cumsum(f * weights, axis=1), idx, axis=1)
-                for f in feats
-            ]
-        else:
-            count = ops.sum(weights, axis=1, keepdims=True)
-            sums = [ops.sum(f * weights, axis=1, keepdims=True) for f in feats]
+        if weights is None:
+            weights = ops.ones((1, num_keys), dtype)
+        weights = ops.reshape(weights, (-1, num_keys, 1, 1))
+        count = ops.sum(weights, axis=1, keepdims=True)
+        sums = [ops.sum(f * weights, axis=1, keepdims=True) for f in feats]
     seen = count > 0
     count = ops.maximum(count, 1.0)
     mean = sums[0] / count
