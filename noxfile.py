@@ -61,19 +61,45 @@ def examples(session, backend):
     ts = "examples/timeseries_classification.py"
     image = "examples/image_classification.py"
     session.run("python", ts, "--smoke", "--output", f"{tmp}/ts", env=env)
-    session.run("python", image, "--smoke", "--augment", "keras",
-                "--output", f"{tmp}/image", env=env)
+    session.run(
+        "python",
+        image,
+        "--smoke",
+        "--augment",
+        "keras",
+        "--output",
+        f"{tmp}/image",
+        env=env,
+    )
     if backend == "jax":  # two virtual host devices
         session.run(
-            "python", image, "--smoke", "--data-parallel",
-            "--attention", "bn+sh", "--output", f"{tmp}/dp",
-            env={**env, "XLA_FLAGS":
-                 "--xla_force_host_platform_device_count=2"},
+            "python",
+            image,
+            "--smoke",
+            "--data-parallel",
+            "--attention",
+            "bn+sh",
+            "--output",
+            f"{tmp}/dp",
+            env={
+                **env,
+                "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+            },
         )
     if backend == "tensorflow":
         session.install("keras-cv")
-        session.run("python", image, "--smoke", "--augment", "keras-cv",
-                    "--attention", "sh", "--output", f"{tmp}/kcv", env=env)
+        session.run(
+            "python",
+            image,
+            "--smoke",
+            "--augment",
+            "keras-cv",
+            "--attention",
+            "sh",
+            "--output",
+            f"{tmp}/kcv",
+            env=env,
+        )
 
 
 @nox.session

@@ -21,6 +21,20 @@ def windows(length, factor, num_prefix_tokens):
     return out
 
 
+def elu1(x):
+    """Phi(x) = elu(x) + 1."""
+    return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
+
+
+def moments(keys, epsilon, standardize):
+    """(mean, scale) of keys; scale sqrt(var + eps) or 1; zeros if none."""
+    if len(keys) == 0:
+        return 0.0, 1.0
+    mu = keys.mean(0)
+    scale = np.sqrt(keys.var(0) + epsilon) if standardize else 1.0
+    return mu, scale
+
+
 def softmax_rows(logits, visible):
     out = np.zeros_like(logits)
     if visible.any():
@@ -92,14 +106,31 @@ def svr_attention(
                     continue
                 qi, kk = q[i], k
                 if beta or standardize:
-                    mu = k[visible].mean(0)
-                    qi, kk = qi - beta * mu, k - beta * mu
-                    if standardize:
-                        var = (k[visible] ** 2).mean(0) - mu**2
-                        s = np.sqrt(var + epsilon)
-                        qi, kk = qi / s, kk / s
+                    mu, s = moments(k[visible], epsilon, standardize)
+                    qi = (qi - beta * mu) / s
+                    if kernel == "linear" and causal_mask:
+                        # Key w recentered over the valid keys 0..w.
+                        has = np.array([bool(m) for m in members])
+                        kk = np.array(
+                            [
+                                (k[w] - beta * mw) / sw
+                                for w, (mw, sw) in enumerate(
+                                    moments(
+                                        k[: w + 1][has[: w + 1]],
+                                        epsilon,
+                                        standardize,
+                                    )
+                                    for w in range(len(k))
+                                )
+                            ]
+                        )
+                    else:
+                        kk = (k - beta * mu) / s
                 if kernel == "softmax":
                     p = softmax_rows(kk @ qi / np.sqrt(head_dim), visible)
+                elif kernel == "linear":
+                    sim = elu1(kk) @ elu1(qi) * visible
+                    p = sim / sim.sum()
                 else:
                     raise ValueError(kernel)
                 heads_out[b, i, h] = p @ v

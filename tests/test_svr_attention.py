@@ -74,7 +74,16 @@ def build_layer(mode, num_prefix_tokens=0, **kwargs):
     return layer
 
 
-def reference(layer, query, value, key, attention_mask, value_mask, causal):
+def reference(
+    layer,
+    query,
+    value,
+    key,
+    attention_mask,
+    value_mask,
+    causal,
+    kernel="softmax",
+):
     mask = None
     if attention_mask is not None:
         mask = attention_mask
@@ -95,6 +104,7 @@ def reference(layer, query, value, key, attention_mask, value_mask, causal):
         epsilon=layer._epsilon,
         head_factors=list(layer.head_factors),
         num_prefix_tokens=layer.num_prefix_tokens,
+        kernel=kernel,
     )
 
 

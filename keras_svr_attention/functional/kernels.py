@@ -108,3 +108,112 @@ def softmax_attention(
         # (B|1, T|1, 1) -> (B|1, T|1, 1, 1) over (B, T, N, Dv).
         out = ops.where(ops.expand_dims(rows, -1), out, ops.zeros_like(out))
     return out, scores
+
+
+def elu_feature_map(x):
+    """Phi(x) = elu(x) + 1 (Katharopoulos et al. 2020), positive.
+
+    Computed as exp(x) for x <= 0, with x clipped at -30 (Phi = 9e-14), so
+    that Phi never rounds to 0 in float32 and a row whose keys are all far
+    below zero keeps a nonzero normaliser.
+    """
+    # exp(x) for x <= 0 rather than (exp(x) - 1) + 1, which rounds to 0.
+    return ops.where(x > 0, x + 1.0, ops.exp(ops.maximum(x, -30.0)))
+
+
+def visible_counts(ready, num_queries):
+    """Causal prefix lengths: n_i = number of keys ready at or before i.
+
+    Args:
+        ready: `(B|1, S)` 0/1 per token position (`pooling.ready_positions`,
+            or all ones for unpooled keys).
+
+    Returns:
+        `(B|1, T)` int32.
+    """
+    length = ready.shape[1]
+    counts = ops.cumsum(ops.cast(ready, "int32"), axis=1)
+    idx = ops.minimum(ops.arange(num_queries), length - 1)
+    return ops.take(counts, idx, axis=1)
+
+
+def gather_prefix(prefix, counts):
+    """`prefix[:, n_i - 1]` per query, zeros where `n_i = 0`.
+
+    Args:
+        prefix: `(B, S', ...)` prefix sums over keys.
+        counts: `(B|1, T)` int visible prefix lengths.
+    """
+    idx = ops.maximum(counts - 1, 0)
+    if counts.shape[0] == 1:
+        out = ops.take(prefix, idx[0], axis=1)
+    else:
+        shape = (*idx.shape, *([1] * (len(prefix.shape) - 2)))
+        out = ops.take_along_axis(prefix, ops.reshape(idx, shape), axis=1)
+    seen = ops.reshape(
+        counts > 0, (*counts.shape, *([1] * (len(prefix.shape) - 2)))
+    )
+    return ops.where(seen, out, ops.zeros_like(out))
+
+
+def linear_attention(
+    query,
+    key,
+    value,
+    key_weights=None,
+    counts=None,
+    return_scores=False,
+):
+    """Linear attention: the SVR expansion with Phi(x) = elu(x) + 1.
+
+    ```text
+    h_i = Phi(q_i)^T sum_{j in M_i} Phi(k_j) v_j^T
+          / Phi(q_i)^T sum_{j in M_i} Phi(k_j)
+    ```
+
+    where M_i is every valid key (non-causal) or the first n_i keys
+    (causal, `counts`), computed as Phi(Q) (Phi(K)^T V) or with prefix sums:
+    O(T + S) memory and time, no T x S matrix unless `return_scores`.
+    Queries and keys arrive already recentered (Attention-BN). Accumulates
+    in float32.
+
+    Args:
+        query: `(B, T, N, D)`. key: `(B, S, N, D)`. value: `(B, S, N, Dv)`.
+        key_weights: `(B|1, S)` 0/1 weights of valid keys, or None.
+        counts: `(B|1, T)` causal prefix lengths (`visible_counts`), or
+            None for non-causal.
+        return_scores: bool. Also return the weights `(B, N, T, S)`.
+
+    Returns:
+        `(output, scores)`: `(B, T, N, Dv)` in `query.dtype`, and the
+        weights or None. A row with no visible key is exactly 0.
+    """
+    out_dtype = query.dtype
+    dtype = accumulation_dtype(query.dtype)
+    phi_q = elu_feature_map(ops.cast(query, dtype))
+    phi_k = elu_feature_map(ops.cast(key, dtype))
+    value = ops.cast(value, dtype)
+    if key_weights is not None:
+        phi_k = phi_k * ops.cast(key_weights, dtype)[:, :, None, None]
+    if counts is None:
+        kv = ops.einsum("bsnd,bsne->bnde", phi_k, value)
+        z = ops.sum(phi_k, axis=1)  # (B, N, D)
+        num = ops.einsum("btnd,bnde->btne", phi_q, kv)
+        den = ops.einsum("btnd,bnd->btn", phi_q, z)
+    else:
+        kv = ops.cumsum(ops.einsum("bsnd,bsne->bsnde", phi_k, value), axis=1)
+        z = ops.cumsum(phi_k, axis=1)
+        num = ops.einsum("btnd,btnde->btne", phi_q, gather_prefix(kv, counts))
+        den = ops.einsum("btnd,btnd->btn", phi_q, gather_prefix(z, counts))
+    seen = den > 0
+    out = num / ops.where(seen, den, 1.0)[..., None]
+    out = ops.where(seen[..., None], out, 0.0)
+    scores = None
+    if return_scores:
+        weights = ops.einsum("btnd,bsnd->bnts", phi_q, phi_k)
+        if counts is not None:
+            cols = ops.arange(key.shape[1])[None, None, None, :]
+            weights = ops.where(cols < counts[:, None, :, None], weights, 0.0)
+        den = ops.transpose(ops.where(seen, den, 1.0), (0, 2, 1))
+        scores = ops.cast(weights / den[..., None], out_dtype)
+    return ops.cast(out, out_dtype), scores

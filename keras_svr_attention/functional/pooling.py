@@ -127,3 +127,46 @@ def spread_scores(scores, factor, num_prefix_tokens, counts, valid, length):
     if valid is not None:
         out = out * ops.cast(valid, dtype)[:, None, None, :]
     return ops.cast(out, scores.dtype)
+
+
+def ready_positions(valid, factor, num_prefix_tokens, length):
+    """Where each pooled key becomes visible to a causal query.
+
+    Window w is "ready" at its last valid token (SPEC.md section 6: a query
+    sees a window when it may see every valid token of it), or at its last
+    token when it holds none (it is masked anyway). Ready positions strictly
+    increase with w, so the windows a causal query i sees are a prefix, of
+    length `cumsum(ready)[i]`.
+
+    Args:
+        valid: `(B|1, S)` boolean, or None for all valid.
+        length: int S.
+
+    Returns:
+        `(B|1, S)` float32 0/1 with exactly one 1 per pooled key.
+    """
+    p = num_prefix_tokens
+    if valid is None:
+        valid = ops.ones((1, length), "bool")
+    valid = ops.cast(valid, "float32")
+    rest = valid[:, p:]
+    pad = (-(length - p)) % factor
+    windows = (length - p + pad) // factor
+    rest = ops.pad(rest, [[0, 0], [0, pad]])
+    rest = ops.reshape(rest, (-1, windows, factor))
+    # Valid tokens from each position to the end of its window.
+    after = ops.flip(ops.cumsum(ops.flip(rest, axis=-1), axis=-1), axis=-1)
+    last_valid = rest * ops.cast(after == 1, "float32")
+    position = ops.reshape(ops.arange(windows * factor), (windows, factor))
+    real = position < length - p
+    last_real = ops.logical_and(
+        real,
+        ops.logical_or(
+            (position + 1) % factor == 0, position + 1 == length - p
+        ),
+    )
+    empty = ops.cast(ops.sum(rest, axis=-1, keepdims=True) == 0, "float32")
+    ready = last_valid + empty * ops.cast(last_real, "float32")[None]
+    ready = ops.reshape(ready, (-1, windows * factor))[:, : length - p]
+    prefix = ops.ones_like(valid[:, :p])
+    return ops.concatenate([prefix, ready], axis=1)

@@ -10,6 +10,8 @@ from keras_svr_attention.functional import pooling
 from keras_svr_attention.functional import statistics
 from keras_svr_attention.layers import _validation as check
 
+KERNELS = ("softmax", "linear")
+
 
 @svr_export
 class SVRAttention(keras.layers.MultiHeadAttention):
@@ -118,9 +120,22 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         epsilon=1e-5,
         head_factors=None,
         num_prefix_tokens=0,
+        kernel="softmax",
         **kwargs,
     ):
         check.positive_int("num_heads", num_heads)
+        if kernel not in KERNELS:
+            raise ValueError(
+                f"`kernel` must be one of {KERNELS}. Received: "
+                f"kernel={kernel!r}"
+            )
+        if kernel == "linear" and dropout:
+            raise ValueError(
+                "`dropout` on attention weights needs kernel='softmax'; "
+                "linear attention never forms them. Received: "
+                f"kernel='linear', dropout={dropout}"
+            )
+        self._kernel = kernel
         check.positive_int("key_dim", key_dim)
         check.positive_int("value_dim", value_dim, allow_none=True)
         if attention_axes is not None:
@@ -285,13 +300,10 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             self._check_attention_mask(
                 attention_mask, query.shape[0], num_queries, num_keys
             )
-        mask = masks_lib.merge_masks(
-            masks_lib.query_padding_mask(query_mask),
+        key_padding = masks_lib.merge_masks(
             masks_lib.padding_mask(value_mask),
             None if key_is_value else masks_lib.padding_mask(key_mask),
-            attention_mask,
         )
-        mask = masks_lib.broadcast_keys(mask, num_keys)
 
         # Fresh tensors: the masks are consumed here, and a sublayer given a
         # tensor with a Keras mask attached warns that it drops it.
@@ -302,40 +314,36 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             key = value if key_is_value else ops.copy(key)
 
         query = self._query_dense(query)
-        outputs, scores = [], []
-        for factor, heads in self._groups:
-            if len(heads) == self._num_heads:
-                group_query = query
-            else:
-                group_query = ops.take(query, heads, axis=2)
-            if factor == 1:
-                group_key = self._project(self._key_dense, key, heads)
-                group_value = self._project(self._value_dense, value, heads)
-                group_mask, causal = mask, use_causal_mask
-            else:
-                group_key, group_value, group_mask, spread = self._pool(
-                    key,
-                    value,
-                    key_is_value,
-                    heads,
-                    factor,
-                    mask,
-                    use_causal_mask,
-                    num_queries,
-                )
-                causal = False
-            out, score = self._compute_attention(
-                group_query,
-                group_key,
-                group_value,
-                group_mask,
+        if self._kernel == "linear":
+            outputs, scores = self._linear_heads(
+                query,
+                key,
+                value,
+                key_is_value,
+                query_mask,
+                value_mask,
+                key_mask,
+                attention_mask,
+                use_causal_mask,
+                return_attention_scores,
+            )
+        else:
+            mask = masks_lib.merge_masks(
+                masks_lib.query_padding_mask(query_mask),
+                key_padding,
+                attention_mask,
+            )
+            mask = masks_lib.broadcast_keys(mask, num_keys)
+            outputs, scores = self._softmax_heads(
+                query,
+                key,
+                value,
+                key_is_value,
+                mask,
+                use_causal_mask,
                 training,
                 return_attention_scores,
-                use_causal_mask=causal,
             )
-            outputs.append(out)
-            if return_attention_scores:
-                scores.append(score if factor == 1 else spread(score))
 
         output = self._merge_heads(outputs, axis=2)
         output = self._output_dense(output)
@@ -353,40 +361,182 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             merged = ops.take(merged, self._head_order, axis=axis)
         return merged
 
-    def _pool(
-        self,
-        key,
-        value,
-        key_is_value,
-        heads,
-        factor,
-        mask,
-        causal,
-        num_queries,
-    ):
-        """Pooled keys, values and mask of one group of heads (Eqn 25)."""
-        p, num_keys = self._num_prefix_tokens, value.shape[1]
-        if causal:
-            mask = masks_lib.merge_masks(
-                mask, masks_lib.causal_mask(num_queries, num_keys)
-            )
-        valid = None
-        pooled_mask = None
-        if mask is not None:
-            pooled_mask, valid = pooling.pool_mask(mask, factor, p)
+    def _group_query(self, query, heads):
+        if len(heads) == self._num_heads:
+            return query
+        return ops.take(query, heads, axis=2)
+
+    def _pool(self, key, value, key_is_value, heads, factor, valid):
+        """Pooled, projected keys and values of one group (Eqn 25)."""
+        p = self._num_prefix_tokens
         pooled_key, counts = pooling.pool_sequence(key, factor, p, valid)
         pooled_value = pooled_key
         if not key_is_value:
             pooled_value, _ = pooling.pool_sequence(value, factor, p, valid)
         group_key = self._project(self._key_dense, pooled_key, heads)
         group_value = self._project(self._value_dense, pooled_value, heads)
+        return group_key, group_value, counts
 
-        def spread(score):
-            return pooling.spread_scores(
-                score, factor, p, counts, valid, num_keys
+    def _softmax_heads(
+        self,
+        query,
+        key,
+        value,
+        key_is_value,
+        mask,
+        causal,
+        training,
+        return_scores,
+    ):
+        """Softmax (and BN) attention of every group of heads."""
+        p = self._num_prefix_tokens
+        num_queries, num_keys = query.shape[1], value.shape[1]
+        if causal and any(f > 1 for f, _ in self._groups):
+            full_mask = masks_lib.merge_masks(
+                mask, masks_lib.causal_mask(num_queries, num_keys)
             )
+        else:
+            full_mask = mask
+        outputs, scores = [], []
+        for factor, heads in self._groups:
+            if factor == 1:
+                k = self._project(self._key_dense, key, heads)
+                v = self._project(self._value_dense, value, heads)
+                group_mask, group_causal = mask, causal
+            else:
+                valid = group_mask = None
+                if full_mask is not None:
+                    group_mask, valid = pooling.pool_mask(full_mask, factor, p)
+                k, v, counts = self._pool(
+                    key, value, key_is_value, heads, factor, valid
+                )
+                group_causal = False
+            out, score = self._compute_attention(
+                self._group_query(query, heads),
+                k,
+                v,
+                group_mask,
+                training,
+                return_scores,
+                use_causal_mask=group_causal,
+            )
+            outputs.append(out)
+            if return_scores and factor > 1:
+                score = pooling.spread_scores(
+                    score, factor, p, counts, valid, num_keys
+                )
+            scores.append(score)
+        return outputs, scores
 
-        return group_key, group_value, pooled_mask, spread
+    def _linear_heads(
+        self,
+        query,
+        key,
+        value,
+        key_is_value,
+        query_mask,
+        value_mask,
+        key_mask,
+        attention_mask,
+        causal,
+        return_scores,
+    ):
+        """Linear (and BN) attention of every group of heads, O(T + S)."""
+        p = self._num_prefix_tokens
+        num_queries, num_keys = query.shape[1], value.shape[1]
+        if attention_mask is not None and attention_mask.shape[1] != 1:
+            raise ValueError(
+                "`attention_mask` must be a padding mask of shape (B, 1, S) "
+                "under kernel='linear': linear attention supports padding "
+                "and causal masks only (use `use_causal_mask=True`); an "
+                "arbitrary (B, T, S) mask would make it quadratic. Received: "
+                f"attention_mask.shape={tuple(attention_mask.shape)}"
+            )
+        valid = masks_lib.merge_masks(
+            value_mask,
+            None if key_is_value else key_mask,
+            None if attention_mask is None else attention_mask[:, 0],
+        )
+        if causal and num_queries < num_keys:  # keys no query may see
+            valid = masks_lib.merge_masks(
+                valid, ops.arange(num_keys)[None] < num_queries
+            )
+        outputs, scores = [], []
+        for factor, heads in self._groups:
+            if factor == 1:
+                k = self._project(self._key_dense, key, heads)
+                v = self._project(self._value_dense, value, heads)
+                weights, ready = valid, ops.ones((1, num_keys))
+            else:
+                k, v, counts = self._pool(
+                    key, value, key_is_value, heads, factor, valid
+                )
+                weights = counts > 0
+                ready = pooling.ready_positions(valid, factor, p, num_keys)
+            visible = None
+            if causal:
+                visible = kernels.visible_counts(ready, num_queries)
+            q, k = self._center_linear(
+                self._group_query(query, heads), k, weights, visible
+            )
+            out, score = kernels.linear_attention(
+                q,
+                k,
+                v,
+                key_weights=weights,
+                counts=visible,
+                return_scores=return_scores,
+            )
+            outputs.append(out)
+            if return_scores and factor > 1:
+                score = pooling.spread_scores(
+                    score, factor, p, counts, valid, num_keys
+                )
+            scores.append(score)
+        if query_mask is not None:
+            rows = ops.cast(query_mask, "bool")[:, :, None, None]
+            outputs = [ops.where(rows, o, ops.zeros_like(o)) for o in outputs]
+            if return_scores:
+                rows = ops.cast(query_mask, "bool")[:, None, :, None]
+                scores = [ops.where(rows, s, ops.zeros_like(s)) for s in scores]
+        return outputs, scores
+
+    def _center_linear(self, query, key, weights, visible):
+        """Attention-BN under the linear kernel: shift q and k before Phi.
+
+        Non-causal: both by beta mu over the valid keys. Causal: query i by
+        the mean of the keys it sees, key j by the mean of keys 0..j (its
+        own prefix), which keeps the prefix sums O(T).
+        """
+        if not self.uses_bn:
+            return query, key
+        beta = self._beta_value()
+        if visible is None:
+            moments = statistics.key_moments(
+                key,
+                None if weights is None else weights[:, None, :],
+                with_variance=self._standardize,
+            )
+            key_moments = query_moments = (
+                moments if self._standardize else (moments, None)
+            )
+        else:
+            running = statistics.running_moments(
+                key, weights, self._standardize
+            )[:-1]
+            key_moments = tuple(running) + (None,) * (2 - len(running))
+            query_moments = tuple(
+                None if m is None else kernels.gather_prefix(m, visible)
+                for m in key_moments
+            )
+        return (
+            statistics.normalize(
+                query, query_moments[0], beta, query_moments[1], self._epsilon
+            ),
+            statistics.normalize(
+                key, key_moments[0], beta, key_moments[1], self._epsilon
+            ),
+        )
 
     def _compute_attention(
         self,
@@ -486,6 +636,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 "epsilon": self._epsilon,
                 "head_factors": list(self._head_factors),
                 "num_prefix_tokens": self._num_prefix_tokens,
+                "kernel": self._kernel,
             }
         )
         return config
