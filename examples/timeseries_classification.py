@@ -68,17 +68,17 @@ def main(argv=None):
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--epochs", type=int, default=100)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--learning-rate", type=float, default=1e-3)
+    p.add_argument("--learning-rate", type=float, default=3e-3)
     p.add_argument("--beta", type=float, default=0.6)
     p.add_argument(
         "--head-factors",
         default=None,
         help="comma-separated, one per head (default 1,1,2,2,...)",
     )
-    p.add_argument("--width", type=int, default=64)
-    p.add_argument("--depth", type=int, default=3)
+    p.add_argument("--width", type=int, default=32)
+    p.add_argument("--depth", type=int, default=2)
     p.add_argument("--num-heads", type=int, default=8)
-    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--dropout", type=float, default=0.3)
     p.add_argument("--output", default="runs/timeseries")
     p.add_argument(
         "--smoke",

@@ -8,6 +8,8 @@ from keras_svr_attention.diagnostics.heads import head_redundancy
 from keras_svr_attention.layers.presets import AttentionBN
 from keras_svr_attention.layers.presets import AttentionBNSH
 from keras_svr_attention.layers.presets import AttentionSH
+from keras_svr_attention.layers.presets import LinearAttention
+from keras_svr_attention.layers.presets import SparseAttention
 from keras_svr_attention.layers.presets import get
 from keras_svr_attention.layers.svr_attention import SVRAttention
 from keras_svr_attention.models.encoder import StochasticDepth
@@ -22,6 +24,8 @@ __all__ = [
     "AttentionBN",
     "AttentionBNSH",
     "AttentionSH",
+    "LinearAttention",
+    "SparseAttention",
     "SVRAttention",
     "StochasticDepth",
     "TransformerEncoderBlock",

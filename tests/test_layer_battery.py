@@ -24,6 +24,12 @@ LAYERS = {
     "bn+sh": lambda: ksa.AttentionBNSH(
         num_heads=4, key_dim=3, num_prefix_tokens=1, dropout=0.1
     ),
+    "linear+bn+sh": lambda: ksa.LinearAttention(
+        num_heads=4, key_dim=3, beta=1.0, head_factors=[1, 2, 1, 3]
+    ),
+    "sparse+bn": lambda: ksa.SparseAttention(
+        num_heads=4, key_dim=3, beta=0.5, sparsity="fixed", block_size=3
+    ),
 }
 
 

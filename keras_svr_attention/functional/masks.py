@@ -63,16 +63,57 @@ def causal_mask(num_queries, num_keys):
     return ops.greater_equal(rows, cols)
 
 
-def local_window_mask(num_queries, num_keys, window, causal=False):
+def local_window_mask(num_queries, num_keys, window):
     """Band mask `(1, T, S)`: query `i` sees key `j` iff `|i - j| < window`.
 
-    With `causal=True` only `0 <= i - j < window`.
+    >>> local_window_mask(5, 5, 2).shape
+    (1, 5, 5)
     """
     rows, cols = _positions(num_queries, num_keys)
-    mask = ops.less(ops.abs(rows - cols), window)
-    if causal:
-        mask = ops.logical_and(mask, ops.greater_equal(rows, cols))
-    return mask
+    return ops.less(ops.abs(rows - cols), window)
+
+
+def strided_mask(num_queries, num_keys, stride):
+    """The "strided" pattern of Child et al. (2019), both heads' union.
+
+    Query i sees key j when `|i - j| < stride` (the local head) or
+    `(i - j) % stride == 0` (the strided head). Combine with a causal mask
+    for the autoregressive form.
+    """
+    rows, cols = _positions(num_queries, num_keys)
+    return ops.logical_or(
+        ops.less(ops.abs(rows - cols), stride),
+        ops.equal((rows - cols) % stride, 0),
+    )
+
+
+def fixed_mask(num_queries, num_keys, block, num_summary=1):
+    """The "fixed" pattern of Child et al. (2019), both heads' union.
+
+    Query i sees key j when both lie in the same block of `block` tokens, or
+    j is one of the last `num_summary` tokens of its block (the summary
+    columns every query attends to).
+    """
+    rows, cols = _positions(num_queries, num_keys)
+    same_block = ops.equal(rows // block, cols // block)
+    summary = ops.greater_equal(cols % block, block - num_summary)
+    return ops.logical_or(same_block, summary)
+
+
+SPARSITY = ("local", "strided", "fixed")
+
+
+def sparse_mask(sparsity, num_queries, num_keys, block_size):
+    """The `(1, T, S)` mask of a named sparse pattern (see `SPARSITY`)."""
+    if sparsity == "local":
+        return local_window_mask(num_queries, num_keys, block_size)
+    if sparsity == "strided":
+        return strided_mask(num_queries, num_keys, block_size)
+    if sparsity == "fixed":
+        return fixed_mask(num_queries, num_keys, block_size)
+    raise ValueError(
+        f"`sparsity` must be one of {SPARSITY}. Received: sparsity={sparsity!r}"
+    )
 
 
 def broadcast_keys(mask, num_keys):

@@ -73,39 +73,102 @@ class AttentionBNSH(SVRAttention):
         )
 
 
-# The one map from lowercase paper names (joined by "+") to attentions.
-_NAMES = {
-    "softmax": (SVRAttention, {}),
-    "bn": (AttentionBN, {}),
-    "sh": (AttentionSH, {}),
-    "bn+sh": (AttentionBNSH, {}),
+@svr_export
+class LinearAttention(SVRAttention):
+    """Linear attention, Phi(x) = elu(x) + 1 (SPEC.md section 1).
+
+    ```text
+    h_i = Phi(q_i)^T sum_j Phi(k_j) v_j^T / Phi(q_i)^T sum_j Phi(k_j)
+    ```
+
+    `SVRAttention(kernel="linear")`; add `beta` / `head_factors` for the
+    linear Attention-BN / -SH / -BN+SH of SPEC.md section 4.
+
+    Example:
+    ```python
+    layer = LinearAttention(num_heads=8, key_dim=16, beta=0.6)
+    ```
+    """
+
+    def __init__(self, num_heads, key_dim, **kwargs):
+        kwargs.setdefault("kernel", "linear")
+        super().__init__(num_heads, key_dim, **kwargs)
+
+
+@svr_export
+class SparseAttention(SVRAttention):
+    """Sparse attention: each query fits its SVR on a subset of the keys.
+
+    `SVRAttention(sparsity=..., block_size=...)`, by default the "strided"
+    pattern of Child et al. (2019) with `block_size=8`; add `beta` /
+    `head_factors` for the sparse Attention-BN / -SH / -BN+SH.
+
+    Example:
+    ```python
+    layer = SparseAttention(num_heads=8, key_dim=16, sparsity="fixed",
+                            block_size=16)
+    ```
+    """
+
+    def __init__(
+        self, num_heads, key_dim, sparsity="strided", block_size=8, **kwargs
+    ):
+        super().__init__(
+            num_heads,
+            key_dim,
+            sparsity=sparsity,
+            block_size=block_size,
+            **kwargs,
+        )
+
+
+# Names: lowercase paper names joined by "+": a kernel ("softmax", "linear",
+# "sparse") and any of "bn", "sh". The one map from names to attentions.
+_KERNEL_NAMES = {
+    "softmax": {},
+    "linear": {"kernel": "linear"},
+    "sparse": {"sparsity": "strided", "block_size": 8},
 }
 
 
 def available():
     """Names accepted by `get`."""
-    return sorted(_NAMES)
+    names = []
+    for kernel in _KERNEL_NAMES:
+        prefix = "" if kernel == "softmax" else kernel + "+"
+        names += [kernel] + [prefix + v for v in ("bn", "sh", "bn+sh")]
+    return sorted(set(names) - {"softmax+bn"})
 
 
 def get(attention, num_heads, key_dim, **kwargs):
-    """Builds the attention named `attention` ("softmax", "bn", "sh", ...).
+    """Builds the attention named `attention`, e.g. "bn+sh", "linear+bn".
 
-    `kwargs` go to the layer; a `beta` or `head_factors` of None keeps the
-    preset's default. Raises `ValueError` for an unknown name.
+    A name is a kernel ("softmax", the default, "linear" or "sparse") joined
+    by "+" with "bn" (beta, default 1.0) and/or "sh" (head_factors, default
+    2^(h // 2)). `kwargs` go to `SVRAttention`; a `beta` or `head_factors`
+    of None keeps the default, and options that the name turns off are
+    dropped. Raises `ValueError` for an unknown name.
     """
-    key = str(attention).lower().replace("-", "+").replace("_", "+")
-    if key not in _NAMES:
+    parts = str(attention).lower().replace("-", "+").split("+")
+    kernel = parts[0] if parts[0] in _KERNEL_NAMES else "softmax"
+    extras = parts[1:] if parts[0] in _KERNEL_NAMES else parts
+    if (
+        not set(extras) <= {"bn", "sh"}
+        or len(set(extras)) != len(extras)
+        or (kernel == "softmax" and parts[0] == "softmax" and extras)
+    ):
         raise ValueError(
             f"`attention` must be one of {available()}. Received: "
             f"attention={attention!r}"
         )
-    cls, defaults = _NAMES[key]
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
-    if key == "softmax":
-        kwargs.pop("head_factors", None)
+    if "bn" in extras:
+        kwargs.setdefault("beta", 1.0)
+    else:
         kwargs.pop("beta", None)
-    elif key == "bn":
+    if "sh" in extras:
+        kwargs.setdefault("head_factors", default_head_factors(num_heads))
+    else:
         kwargs.pop("head_factors", None)
-    elif key == "sh":
-        kwargs.pop("beta", None)
-    return cls(num_heads=num_heads, key_dim=key_dim, **defaults, **kwargs)
+    options = {**_KERNEL_NAMES[kernel], **kwargs}
+    return SVRAttention(num_heads=num_heads, key_dim=key_dim, **options)

@@ -70,6 +70,21 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             Pooling factor r_s of Attention-SH. Defaults to None.
         num_prefix_tokens: int >= 0. Leading tokens (a CLS token) that are
             never pooled. Defaults to 0.
+        kernel: "softmax" or "linear". The SVR's feature map: exp(q^T k)
+            or Phi(x) = elu(x) + 1, computed as Phi(Q) (Phi(K)^T V) or with
+            prefix sums under causality, O(T) without a T x S matrix. The
+            linear kernel takes padding and causal masks only; under BN it
+            shifts both q and k before Phi (causal: query i by the mean of
+            the keys it sees, key j by the mean of keys 0..j). Defaults to
+            "softmax".
+        sparsity: None, "local", "strided" or "fixed". A sparse pattern:
+            query i fits its SVR on the subset M_i of keys allowed by the
+            pattern (Child et al. 2019; `functional.masks`), with
+            `block_size` its window, stride or block. BN takes mu_i over
+            M_i; SH applies the pattern to pooled windows by the rule above
+            (a window is seen when every valid token of it is). Defaults to
+            None.
+        block_size: int. Size of the sparse pattern.
         **kwargs: the remaining arguments of
             `keras.layers.MultiHeadAttention` (initializers, regularizers,
             constraints, `seed`, `name`, `dtype`).
@@ -121,6 +136,8 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         head_factors=None,
         num_prefix_tokens=0,
         kernel="softmax",
+        sparsity=None,
+        block_size=None,
         **kwargs,
     ):
         check.positive_int("num_heads", num_heads)
@@ -135,7 +152,29 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 "linear attention never forms them. Received: "
                 f"kernel='linear', dropout={dropout}"
             )
+        if sparsity is not None:
+            if sparsity not in masks_lib.SPARSITY:
+                raise ValueError(
+                    f"`sparsity` must be None or one of {masks_lib.SPARSITY}."
+                    f" Received: sparsity={sparsity!r}"
+                )
+            check.positive_int("block_size", block_size)
+            if kernel == "linear":
+                raise ValueError(
+                    "`sparsity` needs kernel='softmax': a sparse pattern is "
+                    "an arbitrary mask, which linear attention cannot apply "
+                    f"in O(T). Received: sparsity={sparsity!r}, "
+                    "kernel='linear'"
+                )
+        elif block_size is not None:
+            raise ValueError(
+                "`block_size` is the size of a sparse pattern and needs "
+                f"`sparsity`. Received: block_size={block_size!r}, "
+                "sparsity=None"
+            )
         self._kernel = kernel
+        self._sparsity = sparsity
+        self._block_size = block_size
         check.positive_int("key_dim", key_dim)
         check.positive_int("value_dim", value_dim, allow_none=True)
         if attention_axes is not None:
@@ -328,10 +367,16 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 return_attention_scores,
             )
         else:
+            sparse = None
+            if self._sparsity is not None:
+                sparse = masks_lib.sparse_mask(
+                    self._sparsity, num_queries, num_keys, self._block_size
+                )
             mask = masks_lib.merge_masks(
                 masks_lib.query_padding_mask(query_mask),
                 key_padding,
                 attention_mask,
+                sparse,
             )
             mask = masks_lib.broadcast_keys(mask, num_keys)
             outputs, scores = self._softmax_heads(
@@ -637,6 +682,8 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 "head_factors": list(self._head_factors),
                 "num_prefix_tokens": self._num_prefix_tokens,
                 "kernel": self._kernel,
+                "sparsity": self._sparsity,
+                "block_size": self._block_size,
             }
         )
         return config
