@@ -185,11 +185,11 @@ def linear_attention(
         return_scores: bool. Also return the weights `(B, N, T, S)`.
 
     Returns:
-        `(output, scores)`: `(B, T, N, Dv)` in `query.dtype`, and the
+        `(output, scores)`: `(B, T, N, Dv)` in `value.dtype`, and the
         weights or None. A row with no visible key is exactly 0.
     """
-    out_dtype = query.dtype
-    dtype = accumulation_dtype(query.dtype)
+    out_dtype = value.dtype  # q and k may arrive recentered in float32
+    dtype = accumulation_dtype(value.dtype)
     phi_q = elu_feature_map(ops.cast(query, dtype))
     phi_k = elu_feature_map(ops.cast(key, dtype))
     value = ops.cast(value, dtype)
