@@ -35,6 +35,39 @@ def moments(keys, epsilon, standardize):
     return mu, scale
 
 
+def conv1d(x, kernel, causal, prefix):
+    """out_t = sum_u c_u x_{t + u - s // 2} after the prefix (causal: no
+    tap past t)."""
+    out = x.copy()
+    size = len(kernel)
+    offset = size // 2
+    for t in range(prefix, len(x)):
+        acc = np.zeros_like(x[t])
+        for u in range(offset + 1 if causal else size):
+            src = t + u - offset
+            if prefix <= src < len(x):
+                acc = acc + kernel[u] * x[src]
+        out[t] = acc
+    return out
+
+
+def conv2d(x, kernel, grid, prefix):
+    """2-D version over the (H, W) patch grid after the prefix tokens."""
+    out = x.copy()
+    height, width = grid
+    size = len(kernel)
+    for y in range(height):
+        for z in range(width):
+            acc = np.zeros_like(x[0])
+            for u in range(size):
+                for v in range(size):
+                    yy, zz = y + u - size // 2, z + v - size // 2
+                    if 0 <= yy < height and 0 <= zz < width:
+                        acc = acc + kernel[u, v] * x[prefix + yy * width + zz]
+            out[prefix + y * width + z] = acc
+    return out
+
+
 def softmax_rows(logits, visible):
     out = np.zeros_like(logits)
     if visible.any():
@@ -57,6 +90,9 @@ def svr_attention(
     head_factors=None,
     num_prefix_tokens=0,
     kernel="softmax",
+    conv_q=None,
+    conv_k=None,
+    conv_grid=None,
 ):
     """Multi-head SVR attention, Eqns 22, 25, 26 and 51 of SPEC.md.
 
@@ -98,6 +134,14 @@ def svr_attention(
             k = kx @ weights["wk"][:, h] + weights["bk"][h]
             v = vx @ weights["wv"][:, h] + weights["bv"][h]
             q = query[b] @ weights["wq"][:, h] + weights["bq"][h]
+            if conv_q is not None:
+                p = num_prefix_tokens
+                if conv_grid is None:
+                    q = conv1d(q, conv_q, causal_mask, p)
+                    k = conv1d(k, conv_k, causal_mask, p)
+                else:
+                    q = conv2d(q, conv_q, conv_grid, p)
+                    k = conv2d(k, conv_k, conv_grid, p)
             for i in range(num_queries):
                 visible = np.array(
                     [bool(m) and full[b, i, m].all() for m in members]

@@ -27,6 +27,12 @@ LAYERS = {
     "linear+bn+sh": lambda: ksa.LinearAttention(
         num_heads=4, key_dim=3, beta=1.0, head_factors=[1, 2, 1, 3]
     ),
+    "conv1d+bn": lambda: ksa.SVRAttention(
+        num_heads=4, key_dim=3, beta=1.0, conv_kernel_size=3
+    ),
+    "conv2d": lambda: ksa.SVRAttention(
+        num_heads=4, key_dim=3, conv_kernel_size=3, conv_grid=(3, 3)
+    ),
     "sparse+bn": lambda: ksa.SparseAttention(
         num_heads=4, key_dim=3, beta=0.5, sparsity="fixed", block_size=3
     ),
@@ -88,7 +94,7 @@ def test_layer_fit_and_save_load(name, tmp_path):
 def test_layer_jit_compile(name):
     if BACKEND == "torch":
         pytest.skip("jit_compile means torch.compile on torch; eager below")
-    model = _model(LAYERS[name](), causal=True)
+    model = _model(LAYERS[name](), causal=name != "conv2d")
     x, _ = _data()
     eager = model.predict(x, verbose=0)
     model.compile(jit_compile=True)
@@ -101,7 +107,7 @@ def test_layer_torch_eager(name):
         pytest.skip("torch only")
     layer = LAYERS[name]()
     (x, mask), _ = _data()
-    out = layer(x, x, value_mask=mask, use_causal_mask=True)
+    out = layer(x, x, value_mask=mask, use_causal_mask=name != "conv2d")
     assert out.shape == (6, T, F)
     assert np.isfinite(ops.convert_to_numpy(out)).all()
 
@@ -118,7 +124,7 @@ def test_layer_mixed_precision(name, policy):
             x,
             x,
             value_mask=mask,
-            use_causal_mask=True,
+            use_causal_mask=name != "conv2d",
             return_attention_scores=scores,
         )
         outs = out if scores else (out,)
@@ -137,6 +143,8 @@ def test_layer_mixed_precision(name, policy):
 def test_layer_long_sequence_is_finite(name):
     keras.config.set_dtype_policy("mixed_bfloat16")
     layer = LAYERS[name]()
+    if name == "conv2d":
+        pytest.skip("the grid fixes the length")
     x = np.random.default_rng(0).normal(size=(1, 2048, F)) * 10
     out = layer(x, x, use_causal_mask=True)
     assert np.isfinite(ops.convert_to_numpy(ops.cast(out, "float32"))).all()

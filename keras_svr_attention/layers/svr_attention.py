@@ -1,9 +1,11 @@
 """SVRAttention: multi-head attention as H support vector expansions."""
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_svr_attention.api_export import svr_export
+from keras_svr_attention.functional import conv
 from keras_svr_attention.functional import kernels
 from keras_svr_attention.functional import masks as masks_lib
 from keras_svr_attention.functional import pooling
@@ -85,6 +87,15 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             (a window is seen when every valid token of it is). Defaults to
             None.
         block_size: int. Size of the sparse pattern.
+        conv_kernel_size: int or None. Attention-Conv1D/2D: convolve the
+            projected queries and keys with one learned depth-wise kernel
+            of this size, shared by every channel (weights `query_conv`,
+            `key_conv`, initialised to the identity), before the scores.
+            Causal masks drop the taps that look ahead; SH heads
+            convolve their pooled keys. Defaults to None.
+        conv_grid: (height, width) or None. Convolve in 2-D over the
+            image's patch grid (after `num_prefix_tokens` CLS tokens)
+            instead of along the sequence. Needs unpooled heads.
         **kwargs: the remaining arguments of
             `keras.layers.MultiHeadAttention` (initializers, regularizers,
             constraints, `seed`, `name`, `dtype`).
@@ -138,6 +149,8 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         kernel="softmax",
         sparsity=None,
         block_size=None,
+        conv_kernel_size=None,
+        conv_grid=None,
         **kwargs,
     ):
         check.positive_int("num_heads", num_heads)
@@ -172,6 +185,31 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 f"`sparsity`. Received: block_size={block_size!r}, "
                 "sparsity=None"
             )
+        check.positive_int(
+            "conv_kernel_size", conv_kernel_size, allow_none=True
+        )
+        if conv_grid is not None:
+            if (
+                conv_kernel_size is None
+                or not isinstance(conv_grid, (list, tuple))
+                or len(conv_grid) != 2
+                or any(not isinstance(g, int) or g < 1 for g in conv_grid)
+            ):
+                raise ValueError(
+                    "`conv_grid` must be (height, width) of the patch grid, "
+                    "two positive integers, and needs `conv_kernel_size`. "
+                    f"Received: conv_grid={conv_grid!r}, "
+                    f"conv_kernel_size={conv_kernel_size!r}"
+                )
+            if any(f != 1 for f in check.head_factors(head_factors, num_heads)):
+                raise ValueError(
+                    "`conv_grid` needs unpooled keys: pooled windows do not "
+                    "form a grid. Received: conv_grid="
+                    f"{tuple(conv_grid)}, head_factors={head_factors!r}"
+                )
+            conv_grid = tuple(conv_grid)
+        self._conv_kernel_size = conv_kernel_size
+        self._conv_grid = conv_grid
         self._kernel = kernel
         self._sparsity = sparsity
         self._block_size = block_size
@@ -273,6 +311,20 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             )
         self._check_prefix(value_shape[1])
         super().build(query_shape, value_shape, key_shape)
+        if self._conv_kernel_size:
+            size = self._conv_kernel_size
+            shape = (size, size) if self._conv_grid else (size,)
+            # Identity at start: a delta at the centre tap.
+            delta = np.zeros(shape, "float32")
+            delta[(size // 2,) * len(shape)] = 1.0
+            self.query_conv, self.key_conv = (
+                self.add_weight(
+                    name=name,
+                    shape=shape,
+                    initializer=keras.initializers.Constant(delta),
+                )
+                for name in ("query_conv", "key_conv")
+            )
         if self._learn_beta:
             self.beta_weight = self.add_weight(
                 name="beta",
@@ -352,7 +404,9 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             value = ops.copy(value)
             key = value if key_is_value else ops.copy(key)
 
-        query = self._query_dense(query)
+        query = self._convolve(
+            self._query_dense(query), "query", use_causal_mask
+        )
         if self._kernel == "linear":
             outputs, scores = self._linear_heads(
                 query,
@@ -406,6 +460,26 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             merged = ops.take(merged, self._head_order, axis=axis)
         return merged
 
+    def _convolve(self, x, which, causal):
+        """Attention-Conv1D/2D: the shared depth-wise kernel on q or k."""
+        if not self._conv_kernel_size:
+            return x
+        kernel = self.query_conv if which == "query" else self.key_conv
+        kernel = ops.cast(kernel, x.dtype)
+        if self._conv_grid is None:
+            return conv.conv_sequence(
+                x, kernel, causal, self._num_prefix_tokens
+            )
+        if causal:
+            raise ValueError(
+                "`use_causal_mask` cannot combine with `conv_grid`: a 2-D "
+                "convolution over the patch grid looks at later patches. "
+                f"Received: conv_grid={self._conv_grid}"
+            )
+        return conv.conv_grid(
+            x, kernel, self._conv_grid, self._num_prefix_tokens
+        )
+
     def _group_query(self, query, heads):
         if len(heads) == self._num_heads:
             return query
@@ -456,6 +530,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                     key, value, key_is_value, heads, factor, valid
                 )
                 group_causal = False
+            k = self._convolve(k, "key", causal)
             out, score = self._compute_attention(
                 self._group_query(query, heads),
                 k,
@@ -518,6 +593,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 )
                 weights = counts > 0
                 ready = pooling.ready_positions(valid, factor, p, num_keys)
+            k = self._convolve(k, "key", causal)
             visible = None
             if causal:
                 visible = kernels.visible_counts(ready, num_queries)
@@ -684,6 +760,8 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 "kernel": self._kernel,
                 "sparsity": self._sparsity,
                 "block_size": self._block_size,
+                "conv_kernel_size": self._conv_kernel_size,
+                "conv_grid": self._conv_grid,
             }
         )
         return config
