@@ -141,7 +141,7 @@ def write(rows, output, lengths):
             f"| {r['config']} | {r['T']} | {r['variant']} | "
             f"{r['forward_flops']:.3g} | {r['forward_flops_ratio']:.3f} | "
             f"{r['train_flops']:.3g} | {r['train_flops_ratio']:.3f} | "
-            f"{'~%.2f' % paper if paper else ''} | "
+            f"{paper} | "
             f"{r['train_temp_bytes'] / 2**20:.1f} | "
             f"{r['train_temp_bytes_ratio']:.3f} |"
         )
