@@ -104,6 +104,25 @@ def examples(session, backend):
 
 @nox.session
 @nox.parametrize("backend", BACKENDS)
+def bench(session, backend):
+    """FLOPs/memory (XLA, on jax) and speed against MultiHeadAttention."""
+    _install(session, backend, "examples")
+    out = "benchmarks/results"
+    env = _env(backend)
+    if backend == "jax":
+        session.run(
+            "python",
+            "benchmarks/flops.py",
+            "--output",
+            out,
+            *session.posargs,
+            env=env,
+        )
+    session.run("python", "benchmarks/speed.py", "--output", out, env=env)
+
+
+@nox.session
+@nox.parametrize("backend", BACKENDS)
 def slow(session, backend):
     _install(session, backend, "test,examples")
     session.run(
