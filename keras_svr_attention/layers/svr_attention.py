@@ -12,8 +12,6 @@ from keras_svr_attention.functional import pooling
 from keras_svr_attention.functional import statistics
 from keras_svr_attention.layers import _validation as check
 
-KERNELS = ("softmax", "linear")
-
 
 @svr_export
 class SVRAttention(keras.layers.MultiHeadAttention):
@@ -153,93 +151,32 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         conv_grid=None,
         **kwargs,
     ):
-        check.positive_int("num_heads", num_heads)
-        if kernel not in KERNELS:
-            raise ValueError(
-                f"`kernel` must be one of {KERNELS}. Received: "
-                f"kernel={kernel!r}"
-            )
-        if kernel == "linear" and dropout:
-            raise ValueError(
-                "`dropout` on attention weights needs kernel='softmax'; "
-                "linear attention never forms them. Received: "
-                f"kernel='linear', dropout={dropout}"
-            )
-        if sparsity is not None:
-            if sparsity not in masks_lib.SPARSITY:
-                raise ValueError(
-                    f"`sparsity` must be None or one of {masks_lib.SPARSITY}."
-                    f" Received: sparsity={sparsity!r}"
-                )
-            check.positive_int("block_size", block_size)
-            if kernel == "linear":
-                raise ValueError(
-                    "`sparsity` needs kernel='softmax': a sparse pattern is "
-                    "an arbitrary mask, which linear attention cannot apply "
-                    f"in O(T). Received: sparsity={sparsity!r}, "
-                    "kernel='linear'"
-                )
-        elif block_size is not None:
-            raise ValueError(
-                "`block_size` is the size of a sparse pattern and needs "
-                f"`sparsity`. Received: block_size={block_size!r}, "
-                "sparsity=None"
-            )
-        check.positive_int(
-            "conv_kernel_size", conv_kernel_size, allow_none=True
+        options = check.attention_options(
+            num_heads=num_heads,
+            key_dim=key_dim,
+            value_dim=value_dim,
+            dropout=dropout,
+            attention_axes=attention_axes,
+            beta=beta,
+            learn_beta=learn_beta,
+            epsilon=epsilon,
+            head_factors=head_factors,
+            num_prefix_tokens=num_prefix_tokens,
+            kernel=kernel,
+            sparsity=sparsity,
+            block_size=block_size,
+            conv_kernel_size=conv_kernel_size,
+            conv_grid=conv_grid,
         )
-        if conv_grid is not None:
-            if (
-                conv_kernel_size is None
-                or not isinstance(conv_grid, (list, tuple))
-                or len(conv_grid) != 2
-                or any(not isinstance(g, int) or g < 1 for g in conv_grid)
-            ):
-                raise ValueError(
-                    "`conv_grid` must be (height, width) of the patch grid, "
-                    "two positive integers, and needs `conv_kernel_size`. "
-                    f"Received: conv_grid={conv_grid!r}, "
-                    f"conv_kernel_size={conv_kernel_size!r}"
-                )
-            if any(f != 1 for f in check.head_factors(head_factors, num_heads)):
-                raise ValueError(
-                    "`conv_grid` needs unpooled keys: pooled windows do not "
-                    "form a grid. Received: conv_grid="
-                    f"{tuple(conv_grid)}, head_factors={head_factors!r}"
-                )
-            conv_grid = tuple(conv_grid)
-        self._conv_kernel_size = conv_kernel_size
-        self._conv_grid = conv_grid
+        self._beta = options["beta"]
+        self._epsilon = options["epsilon"]
+        self._head_factors = options["head_factors"]
+        self._num_prefix_tokens = num_prefix_tokens
         self._kernel = kernel
         self._sparsity = sparsity
         self._block_size = block_size
-        check.positive_int("key_dim", key_dim)
-        check.positive_int("value_dim", value_dim, allow_none=True)
-        if attention_axes is not None:
-            raise ValueError(
-                "`attention_axes` must be None: SVRAttention attends over "
-                f"the sequence axis. Received: attention_axes={attention_axes}"
-            )
-        if (
-            isinstance(dropout, bool)
-            or not isinstance(dropout, (int, float))
-            or not 0 <= dropout < 1
-        ):
-            raise ValueError(
-                f"`dropout` must be a float in [0, 1). Received: "
-                f"dropout={dropout!r}"
-            )
-        self._beta = check.non_negative_float("beta", beta, allow_none=True)
-        self._epsilon = check.positive_float("epsilon", epsilon)
-        self._head_factors = check.head_factors(head_factors, num_heads)
-        self._num_prefix_tokens = check.non_negative_int(
-            "num_prefix_tokens", num_prefix_tokens
-        )
-        if learn_beta and beta is None:
-            raise ValueError(
-                "`learn_beta=True` needs `beta`, the initial value of the "
-                "learned scalar. Received: learn_beta=True, beta=None"
-            )
+        self._conv_kernel_size = conv_kernel_size
+        self._conv_grid = options["conv_grid"]
         self._standardize = bool(standardize)
         self._learn_beta = bool(learn_beta)
         self._flash_attention_arg = flash_attention
