@@ -14,6 +14,34 @@ from keras_svr_attention.diagnostics import plots
 ATTENTIONS = ["softmax", "bn", "sh", "bn+sh"]
 
 
+def add_training_arguments(
+    parser, epochs, batch_size, learning_rate, beta, output
+):
+    """The options both examples share, with each example's defaults."""
+    parser.add_argument(
+        "--attention",
+        default="all",
+        help="comma-separated names (softmax, bn, sh, bn+sh, linear, "
+        "linear+bn+sh, sparse+bn, ...), or 'all' for softmax,bn,sh,bn+sh",
+    )
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=epochs)
+    parser.add_argument("--batch-size", type=int, default=batch_size)
+    parser.add_argument("--learning-rate", type=float, default=learning_rate)
+    parser.add_argument("--beta", type=float, default=beta)
+    parser.add_argument(
+        "--head-factors",
+        default=None,
+        help="comma-separated, one per head (default 1,1,2,2,4,4,...)",
+    )
+    parser.add_argument("--output", default=output)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="1 epoch, 1 seed, a few samples: checks the pipeline",
+    )
+
+
 def parse_attentions(value):
     names = ATTENTIONS if value == "all" else value.split(",")
     for name in names:

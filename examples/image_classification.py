@@ -115,13 +115,21 @@ def with_augmentation(model, layers):
     return keras.Model(inputs, model(x), name=model.name)
 
 
+def local_devices():
+    """The devices Keras sees (keras.distribution exists on JAX only)."""
+    distribution = getattr(keras, "distribution", None)
+    if distribution is None:
+        return [keras.config.backend()]
+    return distribution.list_devices()
+
+
 def distribution_scope(enabled):
     """Data parallelism over every local device, per backend."""
     if not enabled:
         return contextlib.nullcontext()
     backend = keras.config.backend()
     if backend == "jax":
-        devices = keras.distribution.list_devices()
+        devices = local_devices()
         keras.distribution.set_distribution(
             keras.distribution.DataParallel(devices=devices)
         )
@@ -145,28 +153,19 @@ def main(argv=None):
     p.add_argument("--dataset", default="digits", help=", ".join(DATASETS))
     p.add_argument("--preset", default="small", choices=sorted(ksa.VIT_PRESETS))
     p.add_argument("--patch-size", type=int, default=None)
-    p.add_argument(
-        "--attention",
-        default="all",
-        help="comma-separated names, or 'all' (softmax,bn,sh,bn+sh)",
+    common.add_training_arguments(
+        p,
+        epochs=60,
+        batch_size=64,
+        learning_rate=1e-3,
+        beta=None,
+        output="runs/image",
     )
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--epochs", type=int, default=60)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--learning-rate", type=float, default=1e-3)
-    p.add_argument("--beta", type=float, default=None)
-    p.add_argument("--head-factors", default=None)
     p.add_argument(
         "--augment", default="none", choices=["none", "keras", "keras-cv"]
     )
     p.add_argument("--mixed-precision", action="store_true")
     p.add_argument("--data-parallel", action="store_true")
-    p.add_argument("--output", default="runs/image")
-    p.add_argument(
-        "--smoke",
-        action="store_true",
-        help="1 epoch, 1 seed, 128 samples: checks the pipeline",
-    )
     args = p.parse_args(argv)
     attentions = common.parse_attentions(args.attention)
     if args.mixed_precision:
@@ -201,7 +200,7 @@ def main(argv=None):
     print(
         f"{args.dataset}: {len(x_train)} train, {len(x_test)} test, "
         f"images {x_train.shape[1:]}, {classes} classes, "
-        f"devices {keras.distribution.list_devices()}"
+        f"devices {local_devices()}"
     )
     return common.run_comparison(
         build,

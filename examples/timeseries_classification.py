@@ -60,31 +60,18 @@ def main(argv=None):
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     p.add_argument("--dataset", default="JapaneseVowels")
-    p.add_argument(
-        "--attention",
-        default="all",
-        help="comma-separated names, or 'all' (softmax,bn,sh,bn+sh)",
-    )
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--epochs", type=int, default=100)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--learning-rate", type=float, default=3e-3)
-    p.add_argument("--beta", type=float, default=0.6)
-    p.add_argument(
-        "--head-factors",
-        default=None,
-        help="comma-separated, one per head (default 1,1,2,2,...)",
+    common.add_training_arguments(
+        p,
+        epochs=100,
+        batch_size=32,
+        learning_rate=3e-3,
+        beta=0.6,
+        output="runs/timeseries",
     )
     p.add_argument("--width", type=int, default=32)
     p.add_argument("--depth", type=int, default=2)
     p.add_argument("--num-heads", type=int, default=8)
     p.add_argument("--dropout", type=float, default=0.3)
-    p.add_argument("--output", default="runs/timeseries")
-    p.add_argument(
-        "--smoke",
-        action="store_true",
-        help="1 epoch, 1 seed, 64 samples: checks the pipeline",
-    )
     args = p.parse_args(argv)
     attentions = common.parse_attentions(args.attention)
     factors = common.parse_factors(args.head_factors)
