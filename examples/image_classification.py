@@ -116,11 +116,10 @@ def with_augmentation(model, layers):
 
 
 def local_devices():
-    """The devices Keras sees (keras.distribution exists on JAX only)."""
-    distribution = getattr(keras, "distribution", None)
-    if distribution is None:
+    """The devices Keras sees (keras.distribution lists them on JAX only)."""
+    if keras.config.backend() != "jax":
         return [keras.config.backend()]
-    return distribution.list_devices()
+    return keras.distribution.list_devices()
 
 
 def distribution_scope(enabled):
