@@ -113,7 +113,9 @@ def run_comparison(
                 test[0], test[1], verbose=0, return_dict=True
             )
             eval_seconds = time.perf_counter() - start
-            maps = ksa.attention_maps(model, redundancy_inputs)
+            maps = ksa.attention_maps(
+                getattr(model, "classifier", model), redundancy_inputs
+            )
             runs.append(
                 {
                     "accuracy": 100 * scores["accuracy"],

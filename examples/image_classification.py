@@ -105,14 +105,20 @@ def augmentation(kind, num_classes, image_shape):
 
 
 def with_augmentation(model, layers):
-    """Prepends training-only augmentation layers to `model`."""
+    """Prepends training-only augmentation layers to `model`.
+
+    The wrapper keeps the classifier as `.classifier` for the diagnostics
+    (augmentation is the identity at inference).
+    """
     if not layers:
         return model
     inputs = keras.Input(model.input_shape[1:])
     x = inputs
     for layer in layers:
         x = layer(x)
-    return keras.Model(inputs, model(x), name=model.name)
+    wrapper = keras.Model(inputs, model(x), name=model.name)
+    wrapper.classifier = model
+    return wrapper
 
 
 def local_devices():

@@ -72,6 +72,8 @@ def main(argv=None):
     p.add_argument("--depth", type=int, default=2)
     p.add_argument("--num-heads", type=int, default=8)
     p.add_argument("--dropout", type=float, default=0.3)
+    p.add_argument("--noise", type=float, default=0.0,
+                   help="std of Gaussian input noise in training")
     args = p.parse_args(argv)
     attentions = common.parse_attentions(args.attention)
     factors = common.parse_factors(args.head_factors)
@@ -95,6 +97,7 @@ def main(argv=None):
             head_factors=factors,
             beta=args.beta,
             dropout=args.dropout,
+            input_noise=args.noise,
         )
 
     print(

@@ -21,6 +21,7 @@ def timeseries_classifier(
     beta=0.6,
     dropout=0.1,
     drop_path=0.0,
+    input_noise=0.0,
 ):
     """Builds an mvts_transformer-style classifier for variable-length series.
 
@@ -36,6 +37,9 @@ def timeseries_classifier(
         num_heads: int. Defaults to 8.
         head_factors: SH factors; defaults to 1, 1, 2, 2, 4, 4, 8, 8.
         beta: float. BN recentering weight (paper: 0.6 on JapaneseVowels).
+        dropout, drop_path: floats. Dropout and stochastic depth rates.
+        input_noise: float. Std of Gaussian noise added to the (padded,
+            standardized) inputs in training, a cheap augmentation.
 
     Returns:
         A `keras.Model` `[series, padding_mask] -> logits`.
@@ -49,7 +53,10 @@ def timeseries_classifier(
         head_factors = default_head_factors(num_heads)
     series = keras.Input((max_length, num_features), name="series")
     mask = keras.Input((max_length,), dtype="bool", name="padding_mask")
-    x = keras.layers.Dense(width, name="input_projection")(series)
+    x = series
+    if input_noise:
+        x = keras.layers.GaussianNoise(input_noise, name="noise")(x)
+    x = keras.layers.Dense(width, name="input_projection")(x)
     x = PositionEmbedding(max_length, name="positions")(x)
     x = keras.layers.Dropout(dropout)(x)
     for i in range(depth):
