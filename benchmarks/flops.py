@@ -132,11 +132,10 @@ def write(rows, output, lengths):
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        paper = (
-            PAPER_FLOP_RATIO.get(r["T"])
-            if (r["config"] == "lra" and r["variant"] == "bn+sh")
-            else None
-        )
+        paper = ""
+        if r["config"] == "lra" and r["variant"] == "bn+sh":
+            ratio = PAPER_FLOP_RATIO.get(r["T"])
+            paper = f"~{ratio:.2f}" if ratio else ""
         lines.append(
             f"| {r['config']} | {r['T']} | {r['variant']} | "
             f"{r['forward_flops']:.3g} | {r['forward_flops_ratio']:.3f} | "
