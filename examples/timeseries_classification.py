@@ -68,11 +68,11 @@ def main(argv=None):
         beta=0.6,
         output="runs/timeseries",
     )
-    p.add_argument("--width", type=int, default=32)
+    p.add_argument("--width", type=int, default=64)
     p.add_argument("--depth", type=int, default=2)
     p.add_argument("--num-heads", type=int, default=8)
-    p.add_argument("--dropout", type=float, default=0.3)
-    p.add_argument("--noise", type=float, default=0.0,
+    p.add_argument("--dropout", type=float, default=0.2)
+    p.add_argument("--noise", type=float, default=0.2,
                    help="std of Gaussian input noise in training")
     args = p.parse_args(argv)
     attentions = common.parse_attentions(args.attention)
