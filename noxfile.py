@@ -52,6 +52,14 @@ def tests(session, backend):
 
 
 @nox.session
+def floor(session):
+    """The tests at the Keras floor of pyproject.toml (torch backend)."""
+    _install(session, "torch", "test")
+    session.install("keras==3.9.0")
+    session.run("pytest", "-q", *session.posargs, env=_env("torch"))
+
+
+@nox.session
 @nox.parametrize("backend", BACKENDS)
 def examples(session, backend):
     """Both examples in smoke mode (1 epoch, few samples), every path."""

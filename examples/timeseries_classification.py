@@ -72,8 +72,12 @@ def main(argv=None):
     p.add_argument("--depth", type=int, default=2)
     p.add_argument("--num-heads", type=int, default=8)
     p.add_argument("--dropout", type=float, default=0.2)
-    p.add_argument("--noise", type=float, default=0.2,
-                   help="std of Gaussian input noise in training")
+    p.add_argument(
+        "--noise",
+        type=float,
+        default=0.2,
+        help="std of Gaussian input noise in training",
+    )
     args = p.parse_args(argv)
     attentions = common.parse_attentions(args.attention)
     factors = common.parse_factors(args.head_factors)

@@ -351,8 +351,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 value,
                 key_is_value,
                 query_mask,
-                value_mask,
-                key_mask,
+                key_padding,
                 attention_mask,
                 use_causal_mask,
                 return_attention_scores,
@@ -492,8 +491,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         value,
         key_is_value,
         query_mask,
-        value_mask,
-        key_mask,
+        key_padding,
         attention_mask,
         causal,
         return_scores,
@@ -509,11 +507,8 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 "arbitrary (B, T, S) mask would make it quadratic. Received: "
                 f"attention_mask.shape={tuple(attention_mask.shape)}"
             )
-        valid = masks_lib.merge_masks(
-            value_mask,
-            None if key_is_value else key_mask,
-            None if attention_mask is None else attention_mask[:, 0],
-        )
+        valid = masks_lib.merge_masks(key_padding, attention_mask)
+        valid = None if valid is None else valid[:, 0]
         if causal and num_queries < num_keys:  # keys no query may see
             valid = masks_lib.merge_masks(
                 valid, ops.arange(num_keys)[None] < num_queries
