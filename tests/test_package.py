@@ -55,7 +55,14 @@ def test_package_imports_no_backend_and_respects_layering(path):
 
 
 def test_package_exports_and_registry():
-    for name in ["SVRAttention", "AttentionBN", "AttentionSH", "AttentionBNSH"]:
+    for name in [
+        "SVRAttention",
+        "AttentionBN",
+        "AttentionSH",
+        "LinearAttention",
+        "SparseAttention",
+        "AttentionBNSH",
+    ]:
         cls = getattr(ksa, name)
         assert name in ksa.__all__
         registered = keras.saving.get_registered_name(cls)
