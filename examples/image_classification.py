@@ -8,9 +8,10 @@ attention maps and a head-redundancy plot to `--output`.
 Default, offline: scikit-learn's 8x8 digits with the `small` preset.
 `--dataset cifar10|cifar100|mnist` loads through `keras.datasets` (needs
 internet); `--preset deit-tiny` is the paper's model, for a GPU.
-Augmentation (DeiT recipe): `--augment keras` uses Keras's own RandAugment,
-MixUp, CutMix and RandomErasing layers; `--augment keras-cv` the same recipe
-through keras-cv (optional; it needs TensorFlow installed).
+Augmentation (the image part of DeiT's recipe): `--augment keras` uses
+Keras's own RandAugment and RandomErasing layers; `--augment keras-cv` the
+same through keras-cv (`pip install -e ".[keras-cv]"`; it needs TensorFlow
+installed). MixUp/CutMix are not applied (integer labels).
 Accelerators: a GPU is used when present; `--mixed-precision`;
 `--data-parallel` shards batches over every local device
 (`keras.distribution.DataParallel` on JAX, `tf.distribute.MirroredStrategy`
@@ -71,11 +72,12 @@ def load_dataset(name):
 
 
 def augmentation(kind, num_classes, image_shape):
-    """DeiT-style augmentation as a list of layers, or [] for none.
+    """DeiT-style image augmentation as a list of layers, or [] for none.
 
-    MixUp and CutMix need one-hot labels; the example keeps integer labels
-    and applies MixUp/CutMix only where labels are one-hot (`--augment` on
-    larger datasets uses RandAugment and RandomErasing on the images).
+    "keras": RandAugment and RandomErasing; "keras-cv": RandAugment (RGB
+    images only: its colour operations need three channels) and
+    RandomCutout. MixUp and CutMix are not applied: they mix labels, and
+    this example trains on integer labels.
     """
     if kind == "none":
         return []
@@ -95,12 +97,17 @@ def augmentation(kind, num_classes, image_shape):
                 "error: --augment keras-cv needs keras-cv and TensorFlow: "
                 "pip install keras-cv tensorflow"
             ) from e
-        return [
-            keras_cv.layers.RandAugment(
-                value_range=(0, 1), augmentations_per_image=2, magnitude=0.5
-            ),
-            keras_cv.layers.RandomCutout(0.25, 0.25),
-        ]
+        layers = [keras_cv.layers.RandomCutout(0.25, 0.25)]
+        if image_shape[-1] == 3:  # its colour operations need RGB
+            layers.insert(
+                0,
+                keras_cv.layers.RandAugment(
+                    value_range=(0, 1),
+                    augmentations_per_image=2,
+                    magnitude=0.5,
+                ),
+            )
+        return layers
     raise SystemExit(f"error: unknown --augment {kind!r}")
 
 
