@@ -61,7 +61,9 @@ def compiled(layer, x, causal, backward):
                 loss = tf.reduce_sum(forward(inputs))
             return tape.gradient(loss, layer.trainable_variables)
 
-        return lambda: [t.numpy() for t in tf.nest.flatten(step(x))]
+        return lambda: [
+            tf.convert_to_tensor(t).numpy() for t in tf.nest.flatten(step(x))
+        ]
     import torch
 
     def step():

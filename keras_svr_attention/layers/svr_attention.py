@@ -296,10 +296,11 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         if len(heads) == self._num_heads:
             return dense(x)
         dtype = self.compute_dtype
-        kernel = ops.take(ops.cast(dense.kernel, dtype), heads, axis=1)
+        kernel = _select_heads(ops.cast(dense.kernel, dtype), heads, axis=1)
         out = ops.einsum("bsf,fnd->bsnd", ops.cast(x, dtype), kernel)
         if dense.bias is not None:
-            out = out + ops.take(ops.cast(dense.bias, dtype), heads, axis=0)
+            bias = ops.cast(dense.bias, dtype)
+            out = out + _select_heads(bias, heads, axis=0)
         return out
 
     def _beta_value(self):
@@ -419,7 +420,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
     def _group_query(self, query, heads):
         if len(heads) == self._num_heads:
             return query
-        return ops.take(query, heads, axis=2)
+        return _select_heads(query, heads, axis=2)
 
     def _pool(self, key, value, key_is_value, heads, factor, valid):
         """Pooled, projected keys and values of one group (Eqn 25)."""
@@ -697,3 +698,14 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             }
         )
         return config
+
+
+def _select_heads(x, heads, axis):
+    """`x` restricted to `heads` along `axis`: a slice when they are
+    contiguous (a gather's gradient is a scatter, slow on CPU and sparse on
+    TensorFlow), a gather otherwise."""
+    if list(heads) == list(range(heads[0], heads[-1] + 1)):
+        index = [slice(None)] * len(x.shape)
+        index[axis] = slice(heads[0], heads[-1] + 1)
+        return x[tuple(index)]
+    return ops.take(x, heads, axis=axis)
