@@ -28,14 +28,15 @@ def attention_maps(model, inputs, batch_size=64):
             "`model` has no TransformerEncoderBlock. Received: "
             f"model={model.name!r}"
         )
+    # One forward pass gives every block's inputs.
+    probe = keras.Model(model.inputs, [block.input for block in blocks])
+    block_inputs = probe.predict(inputs, batch_size=batch_size, verbose=0)
     maps = []
-    for block in blocks:
-        probe = keras.Model(model.inputs, block.input)
-        block_inputs = probe.predict(inputs, batch_size=batch_size, verbose=0)
-        if isinstance(block_inputs, (list, tuple)):
-            x, padding_mask = block_inputs
+    for block, block_input in zip(blocks, block_inputs, strict=True):
+        if isinstance(block_input, (list, tuple)):
+            x, padding_mask = block_input
         else:
-            x, padding_mask = block_inputs, None
+            x, padding_mask = block_input, None
         scores = []
         for start in range(0, len(x), batch_size):
             end = start + batch_size

@@ -25,13 +25,12 @@ def pooled_length(length, factor, num_prefix_tokens=0):
     return num_prefix_tokens + (rest + factor - 1) // factor
 
 
-def window_sum(x, factor, num_prefix_tokens=0, axis=1):
-    """Sums `x` over the windows of `axis`; prefix entries pass through.
+def split_windows(x, factor, num_prefix_tokens=0):
+    """Splits axis 1 into the prefix and zero-padded windows of `factor`.
 
-    `(..., S, ...)` -> `(..., p + ceil((S - p) / r), ...)`, zero-padding the
-    last, shorter window.
+    `(B, S, ...)` -> `prefix (B, p, ...)`, `windows (B, W, r, ...)` with
+    W = ceil((S - p) / r); the last, shorter window is zero-padded.
     """
-    x = ops.moveaxis(x, axis, 1) if axis != 1 else x
     p = num_prefix_tokens
     length = masks_lib.shape_of(x)[1]
     prefix, rest = x[:, :p], x[:, p:]
@@ -42,8 +41,17 @@ def window_sum(x, factor, num_prefix_tokens=0, axis=1):
         rest = ops.pad(rest, widths)
     shape = masks_lib.shape_of(rest)
     windows = (length - p + pad) // factor
-    rest = ops.reshape(rest, (shape[0], windows, factor, *shape[2:]))
-    out = ops.concatenate([prefix, ops.sum(rest, axis=2)], axis=1)
+    return prefix, ops.reshape(rest, (shape[0], windows, factor, *shape[2:]))
+
+
+def window_sum(x, factor, num_prefix_tokens=0, axis=1):
+    """Sums `x` over the windows of `axis`; prefix entries pass through.
+
+    `(..., S, ...)` -> `(..., p + ceil((S - p) / r), ...)`.
+    """
+    x = ops.moveaxis(x, axis, 1) if axis != 1 else x
+    prefix, windows = split_windows(x, factor, num_prefix_tokens)
+    out = ops.concatenate([prefix, ops.sum(windows, axis=2)], axis=1)
     return ops.moveaxis(out, 1, axis) if axis != 1 else out
 
 
@@ -149,11 +157,8 @@ def ready_positions(valid, factor, num_prefix_tokens, length):
     if valid is None:
         valid = ops.ones((1, length), "bool")
     valid = ops.cast(valid, "float32")
-    rest = valid[:, p:]
-    pad = (-(length - p)) % factor
-    windows = (length - p + pad) // factor
-    rest = ops.pad(rest, [[0, 0], [0, pad]])
-    rest = ops.reshape(rest, (-1, windows, factor))
+    _, rest = split_windows(valid, factor, p)
+    windows = masks_lib.shape_of(rest)[1]
     # Valid tokens from each position to the end of its window.
     after = ops.flip(ops.cumsum(ops.flip(rest, axis=-1), axis=-1), axis=-1)
     last_valid = rest * ops.cast(after == 1, "float32")

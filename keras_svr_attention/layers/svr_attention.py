@@ -422,8 +422,20 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             return query
         return _select_heads(query, heads, axis=2)
 
-    def _pool(self, key, value, key_is_value, heads, factor, valid):
-        """Pooled, projected keys and values of one group (Eqn 25)."""
+    def _group_keys(self, key, value, key_is_value, heads, factor, valid):
+        """Projected keys and values of one group of heads.
+
+        Factor 1: the inputs projected onto the group's heads. Factor r > 1
+        (Eqn 25): the inputs pooled over windows of their valid tokens,
+        then projected. Returns `(key, value, counts)`, `counts` the valid
+        tokens per window (None for factor 1).
+        """
+        if factor == 1:
+            return (
+                self._project(self._key_dense, key, heads),
+                self._project(self._value_dense, value, heads),
+                None,
+            )
         p = self._num_prefix_tokens
         pooled_key, counts = pooling.pool_sequence(key, factor, p, valid)
         pooled_value = pooled_key
@@ -455,18 +467,14 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             full_mask = mask
         outputs, scores = [], []
         for factor, heads in self._groups:
-            if factor == 1:
-                k = self._project(self._key_dense, key, heads)
-                v = self._project(self._value_dense, value, heads)
-                group_mask, group_causal = mask, causal
-            else:
-                valid = group_mask = None
+            valid, group_mask, group_causal = None, mask, causal
+            if factor > 1:
+                group_mask, group_causal = None, False
                 if full_mask is not None:
                     group_mask, valid = pooling.pool_mask(full_mask, factor, p)
-                k, v, counts = self._pool(
-                    key, value, key_is_value, heads, factor, valid
-                )
-                group_causal = False
+            k, v, counts = self._group_keys(
+                key, value, key_is_value, heads, factor, valid
+            )
             k = self._convolve(k, "key", causal)
             out, score = self._compute_attention(
                 self._group_query(query, heads),
@@ -516,14 +524,12 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             )
         outputs, scores = [], []
         for factor, heads in self._groups:
+            k, v, counts = self._group_keys(
+                key, value, key_is_value, heads, factor, valid
+            )
             if factor == 1:
-                k = self._project(self._key_dense, key, heads)
-                v = self._project(self._value_dense, value, heads)
                 weights, ready = valid, ops.ones((1, num_keys))
             else:
-                k, v, counts = self._pool(
-                    key, value, key_is_value, heads, factor, valid
-                )
                 weights = counts > 0
                 ready = pooling.ready_positions(valid, factor, p, num_keys)
             k = self._convolve(k, "key", causal)
