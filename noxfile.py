@@ -79,21 +79,26 @@ def examples(session, backend):
         f"{tmp}/image",
         env=env,
     )
-    if backend == "jax":  # two virtual host devices
-        session.run(
+    if backend in ("jax", "tensorflow"):  # two virtual host devices
+        log = session.run(
             "python",
             image,
             "--smoke",
             "--data-parallel",
+            "--host-devices",
+            "2",
+            "--augment",
+            "keras",
             "--attention",
             "bn+sh",
             "--output",
             f"{tmp}/dp",
-            env={
-                **env,
-                "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-            },
+            env=env,
+            silent=True,
         )
+        print(log)
+        if "data parallel over 2 devices" not in log:
+            session.error("--data-parallel did not use two devices")
     if backend == "tensorflow":
         session.install("keras-cv")
         session.run(

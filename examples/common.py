@@ -1,5 +1,6 @@
 """Shared by the example scripts: the comparison loop, table and plots."""
 
+import contextlib
 import csv
 import json
 import os
@@ -72,40 +73,53 @@ def run_comparison(
     extra_metrics=(),
     weight_decay=0.05,
     verbose=1,
+    loss=None,
+    train_data=None,
+    scope=contextlib.nullcontext,
 ):
     """Trains every attention for every seed; writes table, JSON and plots.
 
+    `loss` defaults to sparse categorical cross-entropy on logits;
+    `train_data(seed)`, when given, makes the training batches (a
+    `keras.utils.PyDataset`) in place of shuffled `train` arrays. Each
+    model is built and compiled inside `scope()` (a distribution strategy's
+    scope, for one).
     Returns the list of result rows (one per attention).
     """
+    loss = loss or keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     os.makedirs(output_dir, exist_ok=True)
     rows, histories, redundancy = [], {}, {}
     for name in attentions:
         runs = []
         for seed in range(seeds):
             keras.utils.set_random_seed(seed)
-            model = build_model(name)
-            steps = epochs * int(np.ceil(len(train[1]) / batch_size))
-            schedule = keras.optimizers.schedules.CosineDecay(
-                learning_rate, max(steps, 1), warmup_target=None
-            )
-            model.compile(
-                optimizer=keras.optimizers.AdamW(
-                    schedule, weight_decay=weight_decay
-                ),
-                loss=keras.losses.SparseCategoricalCrossentropy(
-                    from_logits=True
-                ),
-                metrics=["accuracy", *extra_metrics],
-            )
+            with scope():
+                model = build_model(name)
+                steps = epochs * int(np.ceil(len(train[1]) / batch_size))
+                schedule = keras.optimizers.schedules.CosineDecay(
+                    learning_rate, max(steps, 1), warmup_target=None
+                )
+                model.compile(
+                    optimizer=keras.optimizers.AdamW(
+                        schedule, weight_decay=weight_decay
+                    ),
+                    loss=loss,
+                    metrics=[
+                        "accuracy",
+                        *[
+                            type(m).from_config(m.get_config())
+                            for m in extra_metrics
+                        ],
+                    ],
+                )
             print(f"== {name}, seed {seed}: {model.count_params()} params")
             start = time.perf_counter()
+            if train_data is None:
+                data = {"x": train[0], "y": train[1], "batch_size": batch_size}
+            else:
+                data = {"x": train_data(seed)}
             history = model.fit(
-                train[0],
-                train[1],
-                validation_data=test,
-                epochs=epochs,
-                batch_size=batch_size,
-                verbose=verbose,
+                **data, validation_data=test, epochs=epochs, verbose=verbose
             )
             seconds = time.perf_counter() - start
             start = time.perf_counter()

@@ -131,10 +131,8 @@ def visible_counts(ready, num_queries):
     Returns:
         `(B|1, T)` int32.
     """
-    length = ready.shape[1]
     counts = ops.cumsum(ops.cast(ready, "int32"), axis=1)
-    idx = ops.minimum(ops.arange(num_queries), length - 1)
-    return ops.take(counts, idx, axis=1)
+    return masks_lib.causal_rows(counts, num_queries)
 
 
 def gather_prefix(prefix, counts):

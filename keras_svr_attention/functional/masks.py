@@ -51,6 +51,19 @@ def _positions(num_queries, num_keys):
     return rows, cols
 
 
+def causal_rows(prefix, num_queries):
+    """Row `min(i, S - 1)` of `prefix` (axis 1, length S) for each query i.
+
+    Turns per-key prefix quantities (running sums or counts over keys
+    `0..j`) into what causal query `i` sees: keys `0..i`, or all S keys
+    when `i >= S`. Returns axis 1 of length T = `num_queries`.
+    """
+    length = prefix.shape[1]
+    return ops.take(
+        prefix, ops.minimum(ops.arange(num_queries), length - 1), axis=1
+    )
+
+
 def causal_mask(num_queries, num_keys):
     """Lower-triangular mask `(1, T, S)`: query `i` sees key `j` iff `j <= i`.
 

@@ -95,8 +95,7 @@ def key_moments(
         if weights is not None:
             weights = ops.reshape(weights, (-1, num_keys))
         moments = running_moments(keys, weights, with_variance)
-        idx = ops.minimum(ops.arange(num_queries), num_keys - 1)
-        moments = [ops.take(m, idx, axis=1) for m in moments[:-1]]
+        moments = [masks_lib.causal_rows(m, num_queries) for m in moments[:-1]]
         return tuple(moments) if with_variance else moments[0]
 
     shift = 0.0
