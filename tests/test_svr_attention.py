@@ -156,6 +156,55 @@ def test_svr_attention_matches_numpy_reference(mode, mask_kind, prefix):
     assert_allclose(fused, want_out, tol, tol, err_msg="output (fused)")
 
 
+QUERY_CAUSAL_CASES = list(itertools.product(MODES, ["softmax", "linear"]))
+
+
+@pytest.mark.parametrize(
+    "mode,kernel",
+    QUERY_CAUSAL_CASES,
+    ids=[f"{m}-{k}" for m, k in QUERY_CAUSAL_CASES],
+)
+def test_svr_attention_query_padding_under_causal_mask(mode, kernel):
+    # Padded queries at the end (batch 0) and inside (batch 1): keys that
+    # only padded queries could see leave the pooled windows, as in the
+    # reference, which pools over the merged (B, T, S) mask.
+    query, value, key = make_inputs()
+    _, value_mask, _ = make_masks("padding", T, S)
+    query_mask = np.ones((B, T), bool)
+    query_mask[0, 4:] = False
+    query_mask[1, [1, 5]] = False
+    layer = build_layer(mode, num_prefix_tokens=1, kernel=kernel)
+    layer(query, value, key)
+    random_weights(layer)
+    out, scores = layer(
+        query,
+        value,
+        key,
+        query_mask=query_mask,
+        value_mask=value_mask,
+        use_causal_mask=True,
+        return_attention_scores=True,
+    )
+    mask = query_mask[:, :, None] & value_mask[:, None, :]
+    want_out, want_scores = ref.svr_attention(
+        query.astype("float64"),
+        value.astype("float64"),
+        attention_weights(layer),
+        key=key.astype("float64"),
+        mask=mask,
+        causal_mask=True,
+        beta=layer.beta or 0.0,
+        standardize=layer._standardize,
+        epsilon=layer._epsilon,
+        head_factors=list(layer.head_factors),
+        num_prefix_tokens=1,
+        kernel=kernel,
+    )
+    tol = 5e-5 if MODES[mode].get("standardize") else 1e-5
+    assert_allclose(scores, want_scores, tol, tol, err_msg="scores")
+    assert_allclose(out, want_out, tol, tol, err_msg="output")
+
+
 @pytest.mark.parametrize("mode", list(MODES))
 def test_svr_attention_scores_times_values_give_output(mode):
     """The spread scores times the unpooled values are each head's output."""

@@ -121,20 +121,6 @@ def elu_feature_map(x):
     return ops.where(x > 0, x + 1.0, ops.exp(ops.maximum(x, -30.0)))
 
 
-def visible_counts(ready, num_queries):
-    """Causal prefix lengths: n_i = number of keys ready at or before i.
-
-    Args:
-        ready: `(B|1, S)` 0/1 per token position (`pooling.ready_positions`,
-            or all ones for unpooled keys).
-
-    Returns:
-        `(B|1, T)` int32.
-    """
-    counts = ops.cumsum(ops.cast(ready, "int32"), axis=1)
-    return masks_lib.causal_rows(counts, num_queries)
-
-
 def gather_prefix(prefix, counts):
     """`prefix[:, n_i - 1]` per query, zeros where `n_i = 0`.
 
@@ -178,7 +164,7 @@ def linear_attention(
     Args:
         query: `(B, T, N, D)`. key: `(B, S, N, D)`. value: `(B, S, N, Dv)`.
         key_weights: `(B|1, S)` 0/1 weights of valid keys, or None.
-        counts: `(B|1, T)` causal prefix lengths (`visible_counts`), or
+        counts: `(B|1, T)` causal prefix lengths (`pooling.visible_counts`), or
             None for non-causal.
         return_scores: bool. Also return the weights `(B, N, T, S)`.
 

@@ -175,3 +175,43 @@ def ready_positions(valid, factor, num_prefix_tokens, length):
     ready = ops.reshape(ready, (-1, windows * factor))[:, : length - p]
     prefix = ops.ones_like(valid[:, :p])
     return ops.concatenate([prefix, ready], axis=1)
+
+
+def causal_window_mask(
+    valid, counts, factor, num_prefix_tokens, num_queries, length
+):
+    """Mask of the pooled keys under causality, without a `(T, S)` mask.
+
+    The `pool_mask` of a causal mask merged with key validity: query i sees
+    window w when w holds a valid token and is ready (`ready_positions`) at
+    or before i. Windows become ready in order, so query i sees the first
+    `cumsum(ready)[i]` windows. Rows of padded queries are not cleared.
+
+    Args:
+        valid: `(B|1, S)` boolean keys some query may see, or None.
+        counts: `(B|1, S')` valid tokens per window (`pool_sequence`).
+        num_queries: int T. length: int S.
+
+    Returns:
+        `(B|1, T, S')` boolean.
+    """
+    ready = ready_positions(valid, factor, num_prefix_tokens, length)
+    seen = visible_counts(ready, num_queries)
+    windows = ops.arange(masks_lib.shape_of(counts)[1], dtype="int32")
+    return ops.logical_and(
+        windows[None, None, :] < seen[:, :, None], (counts > 0)[:, None, :]
+    )
+
+
+def visible_counts(ready, num_queries):
+    """Causal prefix lengths: n_i = number of keys ready at or before i.
+
+    Args:
+        ready: `(B|1, S)` 0/1 per token position (`ready_positions`, or
+            all ones for unpooled keys).
+
+    Returns:
+        `(B|1, T)` int32.
+    """
+    counts = ops.cumsum(ops.cast(ready, "int32"), axis=1)
+    return masks_lib.causal_rows(counts, num_queries)

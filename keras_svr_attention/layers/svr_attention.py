@@ -363,19 +363,13 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 sparse = masks_lib.sparse_mask(
                     self._sparsity, num_queries, num_keys, self._block_size
                 )
-            mask = masks_lib.merge_masks(
-                masks_lib.query_padding_mask(query_mask),
-                key_padding,
-                attention_mask,
-                sparse,
-            )
-            mask = masks_lib.broadcast_keys(mask, num_keys)
             outputs, scores = self._softmax_heads(
                 query,
                 key,
                 value,
                 key_is_value,
-                mask,
+                query_mask,
+                masks_lib.merge_masks(key_padding, attention_mask, sparse),
                 use_causal_mask,
                 training,
                 return_attention_scores,
@@ -445,29 +439,69 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         group_value = self._project(self._value_dense, pooled_value, heads)
         return group_key, group_value, counts
 
+    @staticmethod
+    def _causal_valid_keys(query_mask, key_mask, num_queries, num_keys):
+        """`(B|1, S)` keys some valid query may see under a causal mask.
+
+        Key j is valid when `key_mask` allows it and a valid query i >= j
+        exists: j <= the last valid query (T - 1 without `query_mask`).
+        `key_mask` is `(B|1, 1, S)` or None. The same keys as
+        `masks_lib.valid_keys` of the merged `(B, T, S)` mask.
+        """
+        if query_mask is None:
+            last = ops.full((1, 1), num_queries - 1, "int32")
+        else:
+            positions = ops.arange(num_queries, dtype="int32")[None]
+            last = ops.max(
+                ops.where(ops.cast(query_mask, "bool"), positions, -1),
+                axis=1,
+                keepdims=True,
+            )
+        reachable = ops.arange(num_keys, dtype="int32")[None] <= last
+        if key_mask is None:
+            return reachable
+        return ops.logical_and(ops.cast(key_mask[:, 0], "bool"), reachable)
+
     def _softmax_heads(
         self,
         query,
         key,
         value,
         key_is_value,
-        mask,
+        query_mask,
+        key_mask,
         causal,
         training,
         return_scores,
     ):
-        """Softmax (and BN) attention of every group of heads."""
+        """Softmax (and BN) attention of every group of heads.
+
+        `key_mask` holds every constraint but the query padding and the
+        causal one: `(B|1, 1|T, S)` or None.
+        """
         p = self._num_prefix_tokens
         num_queries, num_keys = query.shape[1], value.shape[1]
-        if causal and any(f > 1 for f, _ in self._groups):
+        rows = masks_lib.query_padding_mask(query_mask)
+        mask = masks_lib.broadcast_keys(
+            masks_lib.merge_masks(rows, key_mask), num_keys
+        )
+        pooled = any(f > 1 for f, _ in self._groups)
+        full_mask = valid = None
+        if causal and pooled and key_mask is not None and key_mask.shape[1] > 1:
+            # Row-dependent constraints: pool the merged (B, T, S) mask.
             full_mask = masks_lib.merge_masks(
                 mask, masks_lib.causal_mask(num_queries, num_keys)
             )
-        else:
+        elif causal and pooled:
+            # Causal windows from the keys' validity alone, O(T S / r).
+            valid = self._causal_valid_keys(
+                query_mask, key_mask, num_queries, num_keys
+            )
+        elif pooled and mask is not None:
             full_mask = mask
         outputs, scores = [], []
         for factor, heads in self._groups:
-            valid, group_mask, group_causal = None, mask, causal
+            group_mask, group_causal = mask, causal
             if factor > 1:
                 group_mask, group_causal = None, False
                 if full_mask is not None:
@@ -475,6 +509,13 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             k, v, counts = self._group_keys(
                 key, value, key_is_value, heads, factor, valid
             )
+            if factor > 1 and full_mask is None and causal:
+                group_mask = masks_lib.merge_masks(
+                    rows,
+                    pooling.causal_window_mask(
+                        valid, counts, factor, p, num_queries, num_keys
+                    ),
+                )
             k = self._convolve(k, "key", causal)
             out, score = self._compute_attention(
                 self._group_query(query, heads),
@@ -516,12 +557,13 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 "arbitrary (B, T, S) mask would make it quadratic. Received: "
                 f"attention_mask.shape={tuple(attention_mask.shape)}"
             )
-        valid = masks_lib.merge_masks(key_padding, attention_mask)
-        valid = None if valid is None else valid[:, 0]
-        if causal and num_queries < num_keys:  # keys no query may see
-            valid = masks_lib.merge_masks(
-                valid, ops.arange(num_keys)[None] < num_queries
+        key_mask = masks_lib.merge_masks(key_padding, attention_mask)
+        if causal:
+            valid = self._causal_valid_keys(
+                query_mask, key_mask, num_queries, num_keys
             )
+        else:
+            valid = None if key_mask is None else key_mask[:, 0]
         outputs, scores = [], []
         for factor, heads in self._groups:
             k, v, counts = self._group_keys(
@@ -535,7 +577,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             k = self._convolve(k, "key", causal)
             visible = None
             if causal:
-                visible = kernels.visible_counts(ready, num_queries)
+                visible = pooling.visible_counts(ready, num_queries)
             q, k = self._center_linear(
                 self._group_query(query, heads), k, weights, visible
             )
