@@ -33,8 +33,9 @@ def softmax_attention(
     ```
 
     where m is `mask` (and j <= i when `is_causal`). Goes through the fused
-    `keras.ops.dot_product_attention` when neither `dropout` nor the scores
-    are needed; otherwise logits and softmax are computed in float32.
+    `keras.ops.dot_product_attention` on JAX and torch when neither
+    `dropout` nor the scores are needed; otherwise logits and softmax are
+    computed in float32.
 
     Args:
         query: `(B, T, N, D)`.
@@ -60,9 +61,14 @@ def softmax_attention(
     rows = None
     # keras.ops.dot_product_attention needs equal query and value head dims
     # (the JAX kernel checks value against (B, S, N, D)), and JAX's computes
-    # logits in float32, so float64 takes the explicit path.
+    # logits in float32, so float64 takes the explicit path. TensorFlow has
+    # no fused kernel (its version is this same einsum math), and XLA
+    # compiles its gradient for a single head as slowly as for two
+    # (benchmarks/speed.py: SH training 1.4-1.8x MultiHeadAttention), so
+    # TensorFlow takes the explicit path too.
     fused = query.shape[-1] == value.shape[-1]
     fused = fused and keras.backend.standardize_dtype(query.dtype) != "float64"
+    fused = fused and keras.config.backend() != "tensorflow"
     fused = fused and dropout is None and not return_scores
     if is_causal and (mask is not None or not fused):
         mask = masks_lib.merge_masks(
