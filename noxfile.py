@@ -118,7 +118,7 @@ def examples(session, backend):
 @nox.session
 @nox.parametrize("backend", BACKENDS)
 def bench(session, backend):
-    """FLOPs/memory (XLA, on jax) and speed against MultiHeadAttention."""
+    """FLOPs/memory (XLA, jax), speed against MHA, augmentation cost."""
     _install(session, backend, "examples")
     out = "benchmarks/results"
     env = _env(backend)
@@ -132,6 +132,9 @@ def bench(session, backend):
             env=env,
         )
     session.run("python", "benchmarks/speed.py", "--output", out, env=env)
+    session.run(
+        "python", "benchmarks/augmentation.py", "--output", out, env=env
+    )
 
 
 @nox.session

@@ -13,7 +13,10 @@ RandAugment and RandomErasing inside the model (training only) and MixUp or
 CutMix on each training batch (one of the two at random, as DeiT switches
 them), with one-hot labels and label smoothing 0.1; `--augment keras-cv`
 the same through keras-cv (`pip install -e ".[keras-cv]"`; it needs
-TensorFlow installed).
+TensorFlow installed). Cost on a CPU (`benchmarks/augmentation.py`): close
+to nothing on TensorFlow, about 5x an epoch on torch and 17x on JAX, where
+RandAugment computes every candidate operation at each step; use a GPU, or
+TensorFlow, for augmented runs on JAX's CPU.
 Accelerators: a GPU is used when present; `--mixed-precision`;
 `--data-parallel` shards batches over every local device
 (`keras.distribution.DataParallel` on JAX, `tf.distribute.MirroredStrategy`
