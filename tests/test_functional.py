@@ -81,3 +81,27 @@ def test_pool_mask_requires_every_valid_token_of_window():
     want = np.array([[w * 2 + 1 <= i for w in range(3)] for i in range(6)])
     np.testing.assert_array_equal(ops.convert_to_numpy(pooled)[0], want)
     assert ops.convert_to_numpy(valid).all()
+
+
+@pytest.mark.parametrize(
+    "num_queries,length,factor,prefix",
+    [(7, 7, 2, 0), (7, 9, 3, 1), (9, 7, 4, 2), (6, 6, 8, 0)],
+)
+def test_causal_window_mask_equals_pooling_the_causal_mask(
+    num_queries, length, factor, prefix
+):
+    # The O(T S / r) construction against pool_mask of the (B, T, S) mask.
+    rng = np.random.default_rng(2)
+    keys = rng.random((3, length)) < 0.7
+    keys[2] = True
+    full = keys[:, None, :] & ref.causal(num_queries, length)[None]
+    want, valid = pooling.pool_mask(full, factor, prefix)
+    _, counts = pooling.pool_sequence(
+        np.zeros((3, length, 1), "float32"), factor, prefix, valid
+    )
+    got = pooling.causal_window_mask(
+        valid, counts, factor, prefix, num_queries, length
+    )
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(got), ops.convert_to_numpy(want)
+    )
