@@ -83,6 +83,7 @@ def reference(
     value_mask,
     causal,
     kernel="softmax",
+    query_mask=None,
 ):
     mask = None
     if attention_mask is not None:
@@ -92,6 +93,8 @@ def reference(
             np.ones((B, query.shape[1], value.shape[1]), bool)
             & value_mask[:, None, :]
         )
+    if query_mask is not None:
+        mask = (True if mask is None else mask) & query_mask[:, :, None]
     return ref.svr_attention(
         query.astype("float64"),
         value.astype("float64"),
@@ -185,20 +188,16 @@ def test_svr_attention_query_padding_under_causal_mask(mode, kernel):
         use_causal_mask=True,
         return_attention_scores=True,
     )
-    mask = query_mask[:, :, None] & value_mask[:, None, :]
-    want_out, want_scores = ref.svr_attention(
-        query.astype("float64"),
-        value.astype("float64"),
-        attention_weights(layer),
-        key=key.astype("float64"),
-        mask=mask,
-        causal_mask=True,
-        beta=layer.beta or 0.0,
-        standardize=layer._standardize,
-        epsilon=layer._epsilon,
-        head_factors=list(layer.head_factors),
-        num_prefix_tokens=1,
+    want_out, want_scores = reference(
+        layer,
+        query,
+        value,
+        key,
+        None,
+        value_mask,
+        True,
         kernel=kernel,
+        query_mask=query_mask,
     )
     tol = 5e-5 if MODES[mode].get("standardize") else 1e-5
     assert_allclose(scores, want_scores, tol, tol, err_msg="scores")
