@@ -170,8 +170,8 @@ class MixedBatches(keras.utils.PyDataset):
         mixer = self.mixers[self.rng.integers(len(self.mixers))]
         mixed = mixer({"images": self.x[rows], "labels": self.y[rows]})
         return (
-            np.asarray(keras.ops.convert_to_numpy(mixed["images"])),
-            np.asarray(keras.ops.convert_to_numpy(mixed["labels"])),
+            keras.ops.convert_to_numpy(mixed["images"]),
+            keras.ops.convert_to_numpy(mixed["labels"]),
         )
 
     def on_epoch_end(self):

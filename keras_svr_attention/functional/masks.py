@@ -149,3 +149,32 @@ def visible_rows(mask):
 def valid_keys(mask):
     """`(B|1, 1, S)`: keys that some query may see (SPEC section 6)."""
     return ops.any(mask, axis=-2, keepdims=True)
+
+
+def causal_valid_keys(query_mask, key_mask, num_queries, num_keys):
+    """`(B|1, S)` keys some valid query may see under a causal mask.
+
+    Key j is valid when `key_mask` allows it and a valid query i >= j
+    exists: j <= the last valid query (T - 1 without `query_mask`). The
+    same keys as `valid_keys` of the merged `(B, T, S)` mask, without
+    forming it. None when every key is valid.
+
+    Args:
+        query_mask: `(B, T)` query padding, or None.
+        key_mask: `(B|1, 1, S)` key constraints, or None.
+    """
+    if query_mask is None:
+        if key_mask is None and num_queries >= num_keys:
+            return None
+        last = ops.full((1, 1), num_queries - 1, "int32")
+    else:
+        positions = ops.arange(num_queries, dtype="int32")[None]
+        last = ops.max(
+            ops.where(ops.cast(query_mask, "bool"), positions, -1),
+            axis=1,
+            keepdims=True,
+        )
+    reachable = ops.arange(num_keys, dtype="int32")[None] <= last
+    if key_mask is None:
+        return reachable
+    return ops.logical_and(ops.cast(key_mask[:, 0], "bool"), reachable)

@@ -439,29 +439,6 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         group_value = self._project(self._value_dense, pooled_value, heads)
         return group_key, group_value, counts
 
-    @staticmethod
-    def _causal_valid_keys(query_mask, key_mask, num_queries, num_keys):
-        """`(B|1, S)` keys some valid query may see under a causal mask.
-
-        Key j is valid when `key_mask` allows it and a valid query i >= j
-        exists: j <= the last valid query (T - 1 without `query_mask`).
-        `key_mask` is `(B|1, 1, S)` or None. The same keys as
-        `masks_lib.valid_keys` of the merged `(B, T, S)` mask.
-        """
-        if query_mask is None:
-            last = ops.full((1, 1), num_queries - 1, "int32")
-        else:
-            positions = ops.arange(num_queries, dtype="int32")[None]
-            last = ops.max(
-                ops.where(ops.cast(query_mask, "bool"), positions, -1),
-                axis=1,
-                keepdims=True,
-            )
-        reachable = ops.arange(num_keys, dtype="int32")[None] <= last
-        if key_mask is None:
-            return reachable
-        return ops.logical_and(ops.cast(key_mask[:, 0], "bool"), reachable)
-
     def _softmax_heads(
         self,
         query,
@@ -494,7 +471,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             )
         elif causal and pooled:
             # Causal windows from the keys' validity alone, O(T S / r).
-            valid = self._causal_valid_keys(
+            valid = masks_lib.causal_valid_keys(
                 query_mask, key_mask, num_queries, num_keys
             )
         elif pooled and mask is not None:
@@ -559,7 +536,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             )
         key_mask = masks_lib.merge_masks(key_padding, attention_mask)
         if causal:
-            valid = self._causal_valid_keys(
+            valid = masks_lib.causal_valid_keys(
                 query_mask, key_mask, num_queries, num_keys
             )
         else:
