@@ -61,7 +61,7 @@ def test_svr_attention_rejects_prefix_longer_than_sequence():
         layer(_x(2, 7, 6), _x(2, 9, 5))
 
 
-@pytest.mark.parametrize("shape", [(2, 7, 8), (3, 7, 9), (7, 9), (2, 2, 7, 9)])
+@pytest.mark.parametrize("shape", [(2, 7, 8), (3, 7, 9), (7, 8), (2, 2, 7, 9)])
 def test_svr_attention_rejects_mask_that_does_not_broadcast(shape):
     layer = ksa.SVRAttention(num_heads=4, key_dim=3)
     with pytest.raises(ValueError, match="`attention_mask`"):

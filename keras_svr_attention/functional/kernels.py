@@ -8,6 +8,7 @@ from keras import ops
 
 from keras_svr_attention.functional import masks as masks_lib
 from keras_svr_attention.functional.statistics import accumulation_dtype
+from keras_svr_attention.functional.statistics import gather_prefix
 
 
 def _head_mask(mask):
@@ -119,31 +120,18 @@ def softmax_attention(
 def elu_feature_map(x):
     """Phi(x) = elu(x) + 1 (Katharopoulos et al. 2020), positive.
 
-    Computed as exp(x) for x <= 0, with x clipped at -30 (Phi = 9e-14), so
-    that Phi never rounds to 0 in float32 and a row whose keys are all far
-    below zero keeps a nonzero normaliser.
+    Computed as exp(x) for x <= 0, with x clipped to [-30, 0] (Phi >= 9e-14),
+    so that Phi never rounds to 0 in float32 and a row whose keys are all far
+    below zero keeps a nonzero normaliser. The clip also keeps the branch
+    that `where` does not take finite: exp of a large positive x would
+    overflow and its zero-weighted gradient would be 0 * inf = NaN.
+
+    >>> x = ops.array([-1e4, 0.5, 1e4])
+    >>> ops.convert_to_numpy(elu_feature_map(x)).tolist()[1:]
+    [1.5, 10001.0]
     """
     # exp(x) for x <= 0 rather than (exp(x) - 1) + 1, which rounds to 0.
-    return ops.where(x > 0, x + 1.0, ops.exp(ops.maximum(x, -30.0)))
-
-
-def gather_prefix(prefix, counts):
-    """`prefix[:, n_i - 1]` per query, zeros where `n_i = 0`.
-
-    Args:
-        prefix: `(B, S', ...)` prefix sums over keys.
-        counts: `(B|1, T)` int visible prefix lengths.
-    """
-    idx = ops.maximum(counts - 1, 0)
-    if counts.shape[0] == 1:
-        out = ops.take(prefix, idx[0], axis=1)
-    else:
-        shape = (*idx.shape, *([1] * (len(prefix.shape) - 2)))
-        out = ops.take_along_axis(prefix, ops.reshape(idx, shape), axis=1)
-    seen = ops.reshape(
-        counts > 0, (*counts.shape, *([1] * (len(prefix.shape) - 2)))
-    )
-    return ops.where(seen, out, ops.zeros_like(out))
+    return ops.where(x > 0, x + 1.0, ops.exp(ops.clip(x, -30.0, 0.0)))
 
 
 def linear_attention(

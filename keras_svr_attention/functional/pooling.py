@@ -13,6 +13,8 @@ where m_j marks valid tokens (not padding, visible to some query). Window
 sums and counts are accumulated in float32.
 """
 
+from typing import NamedTuple
+
 from keras import ops
 
 from keras_svr_attention.functional import masks as masks_lib
@@ -55,33 +57,51 @@ def window_sum(x, factor, num_prefix_tokens=0, axis=1):
     return ops.moveaxis(out, 1, axis) if axis != 1 else out
 
 
+def window_counts(valid, factor, num_prefix_tokens, length):
+    """Valid tokens per pooled key: `(B|1, S)` -> `(B|1, S')` float32.
+
+    Prefix tokens count 1 (0 when invalid); window w counts its valid
+    tokens. `valid=None` means every token is valid.
+    """
+    if valid is None:
+        weights = ops.ones((1, length), "float32")
+    else:
+        weights = ops.cast(valid, "float32")
+    return window_sum(weights, factor, num_prefix_tokens)
+
+
 def pool_sequence(x, factor, num_prefix_tokens=0, valid=None):
     """Average-pools a sequence over windows of its valid tokens (Eqn 25).
 
     Args:
-        x: `(B, S, F)` inputs (pooled before the key/value projections:
-            the mean of x W + b is the mean of x times W plus b).
+        x: `(B, S, ...)` inputs, or projected keys or values `(B, S, N, D)`:
+            pooling commutes with the affine projections (the mean of
+            x W + b over a window is the window's mean times W plus b).
         factor: int r >= 1.
         num_prefix_tokens: int p. Leading tokens that are never pooled.
         valid: `(B|1, S)` boolean, or `None` for all valid.
 
     Returns:
-        `(pooled, counts)`: `(B, S', F)` in `x.dtype`, and the number of
+        `(pooled, counts)`: `(B, S', ...)` in `x.dtype`, and the number of
         valid tokens per window, `(B|1, S')` float32. An empty window pools
         to zeros (it is masked downstream).
+
+    >>> x = ops.reshape(ops.arange(5.0), (1, 5, 1))
+    >>> pooled, counts = pool_sequence(x, 2)
+    >>> ops.convert_to_numpy(pooled)[0, :, 0].tolist()
+    [0.5, 2.5, 4.0]
     """
-    dtype = accumulation_dtype(x.dtype)
+    out_dtype, dtype = x.dtype, accumulation_dtype(x.dtype)
     length = masks_lib.shape_of(x)[1]
-    if valid is None:
-        weights = ops.ones((1, length), dtype)
-    else:
-        weights = ops.cast(valid, dtype)
-    counts = window_sum(weights, factor, num_prefix_tokens)
-    sums = window_sum(
-        ops.cast(x, dtype) * weights[..., None], factor, num_prefix_tokens
-    )
-    pooled = sums / ops.maximum(counts, 1.0)[..., None]
-    return ops.cast(pooled, x.dtype), counts
+    counts = window_counts(valid, factor, num_prefix_tokens, length)
+    trailing = (1,) * (len(x.shape) - 2)
+    x = ops.cast(x, dtype)
+    if valid is not None:
+        x = x * ops.reshape(ops.cast(valid, dtype), (-1, length, *trailing))
+    sums = window_sum(x, factor, num_prefix_tokens)
+    safe = ops.maximum(ops.cast(counts, dtype), 1.0)
+    pooled = sums / ops.reshape(safe, (*masks_lib.shape_of(safe), *trailing))
+    return ops.cast(pooled, out_dtype), counts
 
 
 def pool_mask(mask, factor, num_prefix_tokens=0):
@@ -215,3 +235,164 @@ def visible_counts(ready, num_queries):
     """
     counts = ops.cumsum(ops.cast(ready, "int32"), axis=1)
     return masks_lib.causal_rows(counts, num_queries)
+
+
+class HeadGroup(NamedTuple):
+    """The heads that share one pooling factor, and what their SVRs see.
+
+    Attributes:
+        factor: int. Pooling factor applied to this group's keys and values
+            (1: unpooled; also 1 when only prefix tokens are left to pool).
+        heads: tuple of int. The group's heads, in the layer's head order.
+        valid: `(B|1, S)` boolean validity of the unpooled keys (the pooling
+            weights), or None when every key is valid.
+        counts: `(B|1, S')` float32 valid tokens per pooled key, or None for
+            an unpooled group.
+        mask: softmax kernel: boolean `(B|1, T|1, S')` mask over the group's
+            keys (query padding included), or None.
+        causal: softmax kernel: bool, whether the kernel must also apply
+            j <= i itself (an unpooled group under `use_causal_mask`).
+        key_weights: linear kernel: `(B|1, S')` 0/1 valid keys, or None.
+        visible: linear kernel under causality: `(B|1, T)` int32 prefix
+            lengths n_i (query i sees keys 0..n_i - 1), or None.
+    """
+
+    factor: int
+    heads: tuple
+    valid: object = None
+    counts: object = None
+    mask: object = None
+    causal: bool = False
+    key_weights: object = None
+    visible: object = None
+
+
+def group_heads(head_factors):
+    """Heads grouped by factor, in order of first appearance.
+
+    >>> group_heads([1, 2, 1, 4])
+    [(1, (0, 2)), (2, (1,)), (4, (3,))]
+    """
+    groups = {}
+    for head, factor in enumerate(head_factors):
+        groups.setdefault(factor, []).append(head)
+    return [(factor, tuple(heads)) for factor, heads in groups.items()]
+
+
+def plan_head_groups(
+    head_factors,
+    num_prefix_tokens,
+    num_queries,
+    num_keys,
+    query_mask=None,
+    key_mask=None,
+    causal=False,
+    kernel="softmax",
+):
+    """Plans every head group of an SVR attention call (SPEC.md sections 3, 6).
+
+    One place for what Attention-SH changes: which keys each group pools,
+    the validity of the keys behind each window, and the mask (softmax) or
+    key weights and causal prefix lengths (linear) over the pooled keys.
+    Query i sees pooled key w when w holds a valid token and i may see
+    every valid token of w.
+
+    Args:
+        head_factors: sequence of int >= 1, one per head.
+        num_prefix_tokens: int p. Leading keys that are never pooled.
+        num_queries, num_keys: ints T and S.
+        query_mask: `(B, T)` query padding, or None.
+        key_mask: boolean `(B|1, T|1, S)`: every constraint but the query
+            padding and causality (key padding, attention mask, sparse
+            pattern, sliding window), or None. The linear kernel takes
+            `(B|1, 1, S)` only.
+        causal: bool. Query i sees only keys j <= i.
+        kernel: "softmax" or "linear".
+
+    Returns:
+        A list of `HeadGroup`, one per distinct factor.
+
+    >>> [g.factor for g in plan_head_groups([1, 2, 2, 4], 0, 6, 6)]
+    [1, 2, 4]
+    """
+    p = num_prefix_tokens
+    groups = group_heads(head_factors)
+    nothing_to_pool = isinstance(num_keys, int) and num_keys <= p
+    if nothing_to_pool:
+        groups = [(1, heads) for _, heads in groups]
+    pooled = any(factor > 1 for factor, _ in groups)
+    if kernel == "linear":
+        return _plan_linear(
+            groups, p, num_queries, num_keys, query_mask, key_mask, causal
+        )
+    rows = masks_lib.query_padding_mask(query_mask)
+    mask = masks_lib.broadcast_keys(
+        masks_lib.merge_masks(rows, key_mask), num_keys
+    )
+    full_mask = valid = None
+    if pooled and causal:
+        if key_mask is not None and key_mask.shape[1] != 1:
+            # Row-dependent constraints: pool the merged (B, T, S) mask.
+            full_mask = masks_lib.merge_masks(
+                mask, masks_lib.causal_mask(num_queries, num_keys)
+            )
+        else:
+            # Causal windows from the keys' validity alone, O(T S / r).
+            valid = masks_lib.causal_valid_keys(
+                query_mask, key_mask, num_queries, num_keys
+            )
+    elif pooled:
+        full_mask = mask
+    plan = []
+    for factor, heads in groups:
+        if factor == 1:
+            plan.append(HeadGroup(1, heads, mask=mask, causal=causal))
+            continue
+        if full_mask is not None:
+            group_mask, group_valid = pool_mask(full_mask, factor, p)
+        else:
+            group_mask, group_valid = None, valid
+        counts = window_counts(group_valid, factor, p, num_keys)
+        if full_mask is None and causal:
+            group_mask = masks_lib.merge_masks(
+                rows,
+                causal_window_mask(
+                    group_valid, counts, factor, p, num_queries, num_keys
+                ),
+            )
+        plan.append(
+            HeadGroup(factor, heads, group_valid, counts, mask=group_mask)
+        )
+    return plan
+
+
+def _plan_linear(
+    groups, p, num_queries, num_keys, query_mask, key_mask, causal
+):
+    if causal:
+        valid = masks_lib.causal_valid_keys(
+            query_mask, key_mask, num_queries, num_keys
+        )
+    else:
+        valid = None if key_mask is None else key_mask[:, 0]
+    plan = []
+    for factor, heads in groups:
+        counts = None
+        if factor == 1:
+            weights, ready = valid, ops.ones((1, num_keys))
+        else:
+            counts = window_counts(valid, factor, p, num_keys)
+            weights = counts > 0
+            ready = ready_positions(valid, factor, p, num_keys)
+        visible = visible_counts(ready, num_queries) if causal else None
+        plan.append(
+            HeadGroup(
+                factor,
+                heads,
+                valid,
+                counts,
+                key_weights=weights,
+                visible=visible,
+            )
+        )
+    return plan

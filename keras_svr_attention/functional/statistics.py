@@ -159,3 +159,98 @@ def normalize(x, mean, beta, variance=None, epsilon=1e-5):
     if variance is not None:
         out = out / ops.sqrt(variance + epsilon)
     return out
+
+
+def recenter_query(
+    query, key, beta, mask=None, causal=False, standardize=False, epsilon=1e-5
+):
+    """Attention-BN's query under the softmax kernel (Eqns 22, 26).
+
+    mu_i (and sigma_i^2 with `standardize`) over the keys query i may see
+    (`key_moments`), then `shift_query`: the key-side shift cancels in the
+    softmax. Returns the query in its own dtype.
+
+    Args:
+        query: `(B, T, N, D)`. key: `(B, S, N, D)`.
+        beta: float or scalar tensor b.
+        mask: boolean, broadcastable to `(B, T, S)`, or None.
+        causal: bool. Query i also sees only keys j <= i.
+    """
+    moments = key_moments(
+        key,
+        mask,
+        causal=causal,
+        num_queries=query.shape[1],
+        with_variance=standardize,
+    )
+    mean, variance = moments if standardize else (moments, None)
+    return shift_query(query, mean, beta, variance, epsilon)
+
+
+def recenter_linear(
+    query,
+    key,
+    beta,
+    key_weights=None,
+    visible=None,
+    standardize=False,
+    epsilon=1e-5,
+):
+    """Attention-BN under the linear kernel: shift q and k before Phi.
+
+    ```text
+    non-causal: q_i <- (q_i - b mu) / s,     k_j <- (k_j - b mu) / s
+    causal:     q_i <- (q_i - b mu_i) / s_i, k_j <- (k_j - b mu_(j)) / s_(j)
+    ```
+
+    mu over the valid keys; under causality mu_i over the keys query i sees
+    and mu_(j) over the valid keys 0..j (the key's own prefix), which keeps
+    the prefix sums O(T) (SPEC.md section 6). s = 1 unless `standardize`.
+
+    Args:
+        query: `(B, T, N, D)`. key: `(B, S, N, D)`.
+        key_weights: `(B|1, S)` 0/1 valid keys, or None.
+        visible: `(B|1, T)` int causal prefix lengths, or None (non-causal).
+
+    Returns:
+        `(query, key)` in float32 (float64 for float64 inputs).
+    """
+    if visible is None:
+        moments = key_moments(
+            key,
+            None if key_weights is None else key_weights[:, None, :],
+            with_variance=standardize,
+        )
+        key_moments_ = query_moments = (
+            moments if standardize else (moments, None)
+        )
+    else:
+        running = running_moments(key, key_weights, standardize)[:-1]
+        key_moments_ = tuple(running) + (None,) * (2 - len(running))
+        query_moments = tuple(
+            None if m is None else gather_prefix(m, visible)
+            for m in key_moments_
+        )
+    return (
+        normalize(query, query_moments[0], beta, query_moments[1], epsilon),
+        normalize(key, key_moments_[0], beta, key_moments_[1], epsilon),
+    )
+
+
+def gather_prefix(prefix, counts):
+    """`prefix[:, n_i - 1]` per query, zeros where `n_i = 0`.
+
+    Args:
+        prefix: `(B, S', ...)` prefix sums over keys.
+        counts: `(B|1, T)` int visible prefix lengths.
+    """
+    idx = ops.maximum(counts - 1, 0)
+    if counts.shape[0] == 1:
+        out = ops.take(prefix, idx[0], axis=1)
+    else:
+        shape = (*idx.shape, *([1] * (len(prefix.shape) - 2)))
+        out = ops.take_along_axis(prefix, ops.reshape(idx, shape), axis=1)
+    seen = ops.reshape(
+        counts > 0, (*counts.shape, *([1] * (len(prefix.shape) - 2)))
+    )
+    return ops.where(seen, out, ops.zeros_like(out))

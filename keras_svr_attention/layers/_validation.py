@@ -4,7 +4,11 @@ Messages name the argument, say what was expected and end with
 `Received: arg=value`, as Keras does.
 """
 
+import inspect
 import math
+import numbers
+
+import keras
 
 from keras_svr_attention.functional.masks import SPARSITY
 
@@ -13,33 +17,45 @@ def _fail(name, expected, value):
     raise ValueError(f"`{name}` must be {expected}. Received: {name}={value!r}")
 
 
+def _is_int(value):
+    """Python or NumPy integer, not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value):
+    """Python or NumPy real number, not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def boolean(name, value):
+    """A Python or NumPy bool, returned as `bool` (the string "no" is not)."""
+    if not isinstance(value, bool) and type(value).__name__ != "bool_":
+        _fail(name, "a bool", value)
+    return bool(value)
+
+
 def positive_int(name, value, allow_none=False):
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    if not _is_int(value) or value <= 0:
         _fail(
             name,
             "a positive integer" + (" or None" if allow_none else ""),
             value,
         )
-    return value
+    return int(value)
 
 
 def non_negative_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not _is_int(value) or value < 0:
         _fail(name, "an integer >= 0", value)
-    return value
+    return int(value)
 
 
 def non_negative_float(name, value, allow_none=False):
     if value is None and allow_none:
         return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value < 0
-    ):
+    if not _is_real(value) or not math.isfinite(value) or value < 0:
         _fail(
             name,
             "a finite number >= 0" + (" or None" if allow_none else ""),
@@ -49,12 +65,7 @@ def non_negative_float(name, value, allow_none=False):
 
 
 def positive_float(name, value):
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
+    if not _is_real(value) or not math.isfinite(value) or value <= 0:
         _fail(name, "a finite number > 0", value)
     return float(value)
 
@@ -63,20 +74,18 @@ def factors_per_head(value, num_heads):
     """None -> all ones; else one integer >= 1 per head."""
     if value is None:
         return (1,) * num_heads
-    factors = tuple(value) if isinstance(value, (list, tuple)) else None
+    listed = value.tolist() if hasattr(value, "tolist") else value
+    factors = tuple(listed) if isinstance(listed, (list, tuple)) else None
     if (
         factors is None
         or len(factors) != num_heads
-        or any(
-            isinstance(f, bool) or not isinstance(f, int) or f < 1
-            for f in factors
-        )
+        or any(not _is_int(f) or f < 1 for f in factors)
     ):
         raise ValueError(
             "`head_factors` must hold one integer >= 1 per head "
             f"(num_heads={num_heads}). Received: head_factors={value!r}"
         )
-    return factors
+    return tuple(int(f) for f in factors)
 
 
 def sequence_shape(name, shape):
@@ -91,13 +100,27 @@ def sequence_shape(name, shape):
 KERNELS = ("softmax", "linear")
 
 
+def keras_supports(argument):
+    """Whether this Keras's MultiHeadAttention takes `argument`."""
+    signature = inspect.signature(keras.layers.MultiHeadAttention.__init__)
+    return argument in signature.parameters
+
+
+# The Keras release that added each MultiHeadAttention argument.
+NEEDS_KERAS = {"use_gate": "3.14", "sliding_window": "3.15"}
+
+
 def attention_options(
     num_heads,
     key_dim,
     value_dim,
     dropout,
     attention_axes,
+    flash_attention,
+    sliding_window,
+    use_gate,
     beta,
+    standardize,
     learn_beta,
     epsilon,
     head_factors,
@@ -110,8 +133,8 @@ def attention_options(
 ):
     """Checks every SVRAttention option and every pair that cannot combine.
 
-    Returns the normalised values: beta and epsilon as floats, head_factors
-    as a tuple, conv_grid as a tuple or None.
+    Returns the normalised values: ints and floats as Python numbers, bools
+    as `bool`, head_factors as a tuple, conv_grid as a tuple or None.
     """
     positive_int("num_heads", num_heads)
     positive_int("key_dim", key_dim)
@@ -121,20 +144,49 @@ def attention_options(
             "`attention_axes` must be None: SVRAttention attends over the "
             f"sequence axis. Received: attention_axes={attention_axes!r}"
         )
-    if (
-        isinstance(dropout, bool)
-        or not isinstance(dropout, (int, float))
-        or not 0 <= dropout < 1
-    ):
+    if not _is_real(dropout) or not 0 <= dropout < 1:
         _fail("dropout", "a float in [0, 1)", dropout)
+    dropout = float(dropout)
+    use_gate = boolean("use_gate", use_gate)
+    sliding_window = positive_int(
+        "sliding_window", sliding_window, allow_none=True
+    )
+    if use_gate and not keras_supports("use_gate"):
+        raise ValueError(
+            f"`use_gate` needs Keras >= {NEEDS_KERAS['use_gate']}; this is "
+            f"Keras {keras.__version__}. Received: use_gate=True"
+        )
+    if flash_attention is not None:
+        flash_attention = boolean("flash_attention", flash_attention)
+    if flash_attention:
+        if keras.config.backend() == "tensorflow":
+            raise ValueError(
+                "`flash_attention=True` needs a backend with a fused "
+                "attention kernel (jax or torch); TensorFlow has none. "
+                "Received: flash_attention=True"
+            )
+        if kernel == "linear":
+            raise ValueError(
+                "`flash_attention=True` needs kernel='softmax': there is no "
+                "fused linear attention kernel. Received: "
+                "flash_attention=True, kernel='linear'"
+            )
+        if dropout:
+            raise ValueError(
+                "`flash_attention=True` cannot apply `dropout` to attention "
+                "weights it never forms. Received: flash_attention=True, "
+                f"dropout={dropout}"
+            )
     beta = non_negative_float("beta", beta, allow_none=True)
+    standardize = boolean("standardize", standardize)
+    learn_beta = boolean("learn_beta", learn_beta)
     if learn_beta and beta is None:
         raise ValueError(
             "`learn_beta=True` needs `beta`, the initial value of the "
             "learned scalar. Received: learn_beta=True, beta=None"
         )
     factors = factors_per_head(head_factors, num_heads)
-    non_negative_int("num_prefix_tokens", num_prefix_tokens)
+    num_prefix_tokens = non_negative_int("num_prefix_tokens", num_prefix_tokens)
     if kernel not in KERNELS:
         _fail("kernel", f"one of {KERNELS}", kernel)
     if kernel == "linear" and dropout:
@@ -143,10 +195,16 @@ def attention_options(
             "attention never forms them. Received: kernel='linear', "
             f"dropout={dropout}"
         )
+    if kernel == "linear" and sliding_window is not None:
+        raise ValueError(
+            "`sliding_window` needs kernel='softmax': a band mask would make "
+            "linear attention quadratic. Received: "
+            f"sliding_window={sliding_window}, kernel='linear'"
+        )
     if sparsity is not None:
         if sparsity not in SPARSITY:
             _fail("sparsity", f"None or one of {SPARSITY}", sparsity)
-        positive_int("block_size", block_size)
+        block_size = positive_int("block_size", block_size)
         if kernel == "linear":
             raise ValueError(
                 "`sparsity` needs kernel='softmax': a sparse pattern is an "
@@ -159,13 +217,15 @@ def attention_options(
             f"`sparsity`. Received: block_size={block_size!r}, "
             "sparsity=None"
         )
-    positive_int("conv_kernel_size", conv_kernel_size, allow_none=True)
+    conv_kernel_size = positive_int(
+        "conv_kernel_size", conv_kernel_size, allow_none=True
+    )
     if conv_grid is not None:
         if (
             conv_kernel_size is None
             or not isinstance(conv_grid, (list, tuple))
             or len(conv_grid) != 2
-            or any(not isinstance(g, int) or g < 1 for g in conv_grid)
+            or any(not _is_int(g) or g < 1 for g in conv_grid)
         ):
             raise ValueError(
                 "`conv_grid` must be (height, width) of the patch grid, two "
@@ -179,10 +239,19 @@ def attention_options(
                 f"form a grid. Received: conv_grid={tuple(conv_grid)}, "
                 f"head_factors={head_factors!r}"
             )
-        conv_grid = tuple(conv_grid)
+        conv_grid = tuple(int(g) for g in conv_grid)
     return {
+        "dropout": dropout,
+        "flash_attention": flash_attention,
+        "sliding_window": sliding_window,
+        "use_gate": use_gate,
         "beta": beta,
+        "standardize": standardize,
+        "learn_beta": learn_beta,
         "epsilon": positive_float("epsilon", epsilon),
         "head_factors": factors,
+        "num_prefix_tokens": num_prefix_tokens,
+        "block_size": block_size,
+        "conv_kernel_size": conv_kernel_size,
         "conv_grid": conv_grid,
     }

@@ -57,7 +57,19 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             the query's feature size.
         attention_axes: must be None (attention over the sequence axis).
         flash_attention: bool or None. Passed to
-            `keras.ops.dot_product_attention`.
+            `keras.ops.dot_product_attention` for the softmax heads, as in
+            `MultiHeadAttention`. True is refused where no fused kernel
+            exists: on TensorFlow (its `dot_product_attention` is plain
+            einsum math), with `kernel="linear"`, with `dropout`, and with
+            `return_attention_scores`. None lets the backend decide.
+        sliding_window: int or None. Query i sees only keys with
+            |i - j| < `sliding_window` (combine with `use_causal_mask` for a
+            causal window), as in `MultiHeadAttention` (Keras >= 3.15).
+            One more mask: BN takes mu over the keys in the window; SH sees
+            a pooled window when it sees every valid token of it.
+        use_gate: bool. Gate the attention output with sigmoid(x W_g + b_g)
+            of the query before `output_dense`, as `MultiHeadAttention`
+            does (Keras >= 3.14).
         beta: float or None. Recentering weight b of Eqn 26; None or 0
             turns recentering off. Defaults to None.
         standardize: bool. Also divide by the keys' standard deviation
@@ -98,16 +110,29 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             `keras.layers.MultiHeadAttention` (initializers, regularizers,
             constraints, `seed`, `name`, `dtype`).
 
+    Every head group goes through the projection sublayers' own `call`
+    (`query_dense`, `key_dense`, `value_dense`, `output_dense`, and `gate`
+    with `use_gate`): `quantize`, `enable_lora`, constraints, regularizers
+    and dtype policies apply as in `MultiHeadAttention`. Pooled heads pool
+    the projected keys and values (pooling commutes with the affine
+    projections).
+
+    Hooks, for subclasses: `_compute_attention` (the softmax kernel, the
+    same signature as `MultiHeadAttention`'s) and
+    `_compute_linear_attention` (the linear kernel) receive one group of
+    heads at a time, projected and pooled; they apply Attention-BN.
+
     Call arguments:
         query: `(B, T, dim_q)`.
         value: `(B, S, dim_v)`.
         key: `(B, S, dim_k)` or None (use `value`).
         query_mask, value_mask, key_mask: `(B, T)` / `(B, S)` padding
             masks; taken from the inputs' Keras masks when not given.
-        attention_mask: boolean `(B, T, S)` (or broadcastable), True where
-            query i may attend to key j.
+        attention_mask: boolean `(B, T, S)`, `(T, S)` or broadcastable,
+            True where query i may attend to key j.
         return_attention_scores: bool. Also return the weights
-            `(B, N, T, S)`; for pooled heads a window's weight is spread
+            `(B, N, T, S)` (refused under `flash_attention=True`, as in
+            `MultiHeadAttention`); for pooled heads a window's weight is spread
             evenly over its valid tokens, so scores @ values is the output.
         training: bool. Dropout on or off.
         use_causal_mask: bool. Query i sees only keys j <= i.
@@ -116,12 +141,12 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         `(B, T, dim_out)`, and the scores if asked.
 
     Example:
-    ```python
-    layer = SVRAttention(num_heads=4, key_dim=16, beta=1.0,
-                         head_factors=[1, 1, 2, 4])
-    x = keras.random.normal((2, 10, 64))
-    y = layer(x, x, use_causal_mask=True)  # (2, 10, 64)
-    ```
+
+    >>> layer = SVRAttention(num_heads=4, key_dim=16, beta=1.0,
+    ...                      head_factors=[1, 1, 2, 4])
+    >>> x = keras.random.normal((2, 10, 64), seed=0)
+    >>> tuple(layer(x, x, use_causal_mask=True).shape)
+    (2, 10, 64)
 
     References:
         Nguyen et al., "A Primal-Dual Framework for Transformers and Neural
@@ -138,6 +163,8 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         output_shape=None,
         attention_axes=None,
         flash_attention=None,
+        sliding_window=None,
+        use_gate=False,
         beta=None,
         standardize=False,
         learn_beta=False,
@@ -157,7 +184,11 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             value_dim=value_dim,
             dropout=dropout,
             attention_axes=attention_axes,
+            flash_attention=flash_attention,
+            sliding_window=sliding_window,
+            use_gate=use_gate,
             beta=beta,
+            standardize=standardize,
             learn_beta=learn_beta,
             epsilon=epsilon,
             head_factors=head_factors,
@@ -168,44 +199,39 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             conv_kernel_size=conv_kernel_size,
             conv_grid=conv_grid,
         )
-        self._beta = options["beta"]
-        self._epsilon = options["epsilon"]
-        self._head_factors = options["head_factors"]
-        self._num_prefix_tokens = num_prefix_tokens
-        self._kernel = kernel
-        self._sparsity = sparsity
-        self._block_size = block_size
-        self._conv_kernel_size = conv_kernel_size
-        self._conv_grid = options["conv_grid"]
-        self._standardize = bool(standardize)
-        self._learn_beta = bool(learn_beta)
-        self._flash_attention_arg = flash_attention
+        newer = {}
+        if options["use_gate"]:  # keras_supports("use_gate") was checked
+            newer["use_gate"] = True
         super().__init__(
-            num_heads=num_heads,
-            key_dim=key_dim,
-            value_dim=value_dim,
-            dropout=dropout,
+            num_heads=int(num_heads),
+            key_dim=int(key_dim),
+            value_dim=None if value_dim is None else int(value_dim),
+            dropout=options["dropout"],
             use_bias=use_bias,
             output_shape=output_shape,
             attention_axes=None,
-            flash_attention=flash_attention,
+            flash_attention=options["flash_attention"],
+            **newer,
             **kwargs,
         )
-        for name, off in (("sliding_window", None), ("use_gate", False)):
-            if getattr(self, f"_{name}", off) not in (off,):
-                raise ValueError(
-                    f"`{name}` is not supported by SVRAttention. "
-                    f"Received: {name}={getattr(self, f'_{name}')!r}"
-                )
-        # Heads grouped by factor, in order of first appearance.
-        groups = {}
-        for head, factor in enumerate(self._head_factors):
-            groups.setdefault(factor, []).append(head)
-        self._groups = list(groups.items())
-        order = [h for _, heads in self._groups for h in heads]
-        self._head_order = None
-        if order != list(range(num_heads)):
-            self._head_order = [order.index(h) for h in range(num_heads)]
+        self._use_gate = options["use_gate"]
+        # The mask is built here on every Keras, not by MultiHeadAttention.
+        self._sliding_window = options["sliding_window"]
+        self._flash_attention_arg = options["flash_attention"]
+        self._beta = options["beta"]
+        self._standardize = options["standardize"]
+        self._learn_beta = options["learn_beta"]
+        self._epsilon = options["epsilon"]
+        self._head_factors = options["head_factors"]
+        self._num_prefix_tokens = options["num_prefix_tokens"]
+        self._kernel = kernel
+        self._sparsity = sparsity
+        self._block_size = options["block_size"]
+        self._conv_kernel_size = options["conv_kernel_size"]
+        self._conv_grid = options["conv_grid"]
+        self._head_order = _inverse_order(
+            pooling.group_heads(self._head_factors)
+        )
 
     @property
     def beta(self):
@@ -218,6 +244,10 @@ class SVRAttention(keras.layers.MultiHeadAttention):
     @property
     def num_prefix_tokens(self):
         return self._num_prefix_tokens
+
+    @property
+    def kernel(self):
+        return self._kernel
 
     @property
     def uses_bn(self):
@@ -278,7 +308,12 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 f"num_prefix_tokens={self._num_prefix_tokens}"
             )
 
-    def _check_attention_mask(self, mask, batch, num_queries, num_keys):
+    def _standardize_attention_mask(self, mask, batch, num_queries, num_keys):
+        """`(T, S)` or `(B, T, S)` (or broadcastable) -> rank 3, checked."""
+        if mask is None:
+            return None
+        if len(mask.shape) == 2:
+            mask = ops.expand_dims(mask, 0)
         expected = (batch, num_queries, num_keys)
         ok = len(mask.shape) == 3 and all(
             d is None or e is None or d in (1, e)
@@ -287,21 +322,39 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         if not ok:
             raise ValueError(
                 "`attention_mask` must broadcast to (B, T, S) = "
-                f"{expected}. Received: attention_mask.shape="
-                f"{tuple(mask.shape)}"
+                f"{expected}, with rank 2 (T, S) or 3. Received: "
+                f"attention_mask.shape={tuple(mask.shape)}"
             )
+        if self._kernel == "linear" and mask.shape[1] != 1:
+            raise ValueError(
+                "`attention_mask` must be a padding mask of shape (B, 1, S) "
+                "under kernel='linear': linear attention supports padding "
+                "and causal masks only (use `use_causal_mask=True`); an "
+                "arbitrary (B, T, S) mask would make it quadratic. Received: "
+                f"attention_mask.shape={tuple(mask.shape)}"
+            )
+        return ops.cast(mask, "bool")
 
-    def _project(self, dense, x, heads):
-        """Projects `x` onto the given heads only (all heads: `dense(x)`)."""
-        if len(heads) == self._num_heads:
-            return dense(x)
-        dtype = self.compute_dtype
-        kernel = _select_heads(ops.cast(dense.kernel, dtype), heads, axis=1)
-        out = ops.einsum("bsf,fnd->bsnd", ops.cast(x, dtype), kernel)
-        if dense.bias is not None:
-            bias = ops.cast(dense.bias, dtype)
-            out = out + _select_heads(bias, heads, axis=0)
-        return out
+    def _key_constraints(
+        self, value_mask, key_mask, attention_mask, num_queries, num_keys
+    ):
+        """Every constraint on the keys but query padding and causality."""
+        pattern = window = None
+        if self._sparsity is not None:
+            pattern = masks_lib.sparse_mask(
+                self._sparsity, num_queries, num_keys, self._block_size
+            )
+        if self._sliding_window is not None:
+            window = masks_lib.local_window_mask(
+                num_queries, num_keys, self._sliding_window
+            )
+        return masks_lib.merge_masks(
+            masks_lib.padding_mask(value_mask),
+            masks_lib.padding_mask(key_mask),
+            attention_mask,
+            pattern,
+            window,
+        )
 
     def _beta_value(self):
         if self._learn_beta:
@@ -321,19 +374,23 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         training=None,
         use_causal_mask=False,
     ):
+        if return_attention_scores and self._flash_attention:
+            raise ValueError(
+                "`return_attention_scores=True` is not supported when flash "
+                "attention is enabled, as in MultiHeadAttention. Received: "
+                f"flash_attention={self._flash_attention_arg}"
+            )
         key_is_value = key is None or key is value
         key = value if key is None else key
         num_queries, num_keys = query.shape[1], value.shape[1]
         self._check_prefix(num_keys)
-        if attention_mask is not None:
-            self._check_attention_mask(
-                attention_mask, query.shape[0], num_queries, num_keys
-            )
-        key_padding = masks_lib.merge_masks(
-            masks_lib.padding_mask(value_mask),
-            None if key_is_value else masks_lib.padding_mask(key_mask),
+        key_mask = None if key_is_value else key_mask
+        attention_mask = self._standardize_attention_mask(
+            attention_mask, query.shape[0], num_queries, num_keys
         )
-
+        constraints = self._key_constraints(
+            value_mask, key_mask, attention_mask, num_queries, num_keys
+        )
         # Fresh tensors: the masks are consumed here, and a sublayer given a
         # tensor with a Keras mask attached warns that it drops it.
         if query_mask is not None:
@@ -342,44 +399,95 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             value = ops.copy(value)
             key = value if key_is_value else ops.copy(key)
 
+        gate = self._gate_dense(query) if self._use_gate else None
         query = self._convolve(
             self._query_dense(query), "query", use_causal_mask
         )
-        if self._kernel == "linear":
-            outputs, scores = self._linear_heads(
+        key = self._key_dense(key)
+        value = self._value_dense(value)
+        plan = pooling.plan_head_groups(
+            self._head_factors,
+            self._num_prefix_tokens,
+            num_queries,
+            num_keys,
+            query_mask=query_mask,
+            key_mask=constraints,
+            causal=use_causal_mask,
+            kernel=self._kernel,
+        )
+        outputs, scores = [], []
+        for group in plan:
+            out, score = self._attend_group(
+                group,
                 query,
                 key,
                 value,
-                key_is_value,
-                query_mask,
-                key_padding,
-                attention_mask,
-                use_causal_mask,
-                return_attention_scores,
-            )
-        else:
-            sparse = None
-            if self._sparsity is not None:
-                sparse = masks_lib.sparse_mask(
-                    self._sparsity, num_queries, num_keys, self._block_size
-                )
-            outputs, scores = self._softmax_heads(
-                query,
-                key,
-                value,
-                key_is_value,
-                query_mask,
-                masks_lib.merge_masks(key_padding, attention_mask, sparse),
-                use_causal_mask,
                 training,
                 return_attention_scores,
+                use_causal_mask,
             )
-
+            outputs.append(out)
+            scores.append(score)
         output = self._merge_heads(outputs, axis=2)
+        if return_attention_scores:
+            scores = self._merge_heads(scores, axis=1)
+        if self._kernel == "linear" and query_mask is not None:
+            # Padded queries see nothing: exact zeros, as under softmax.
+            rows = ops.cast(query_mask, "bool")
+            output = ops.where(rows[:, :, None, None], output, 0.0)
+            if return_attention_scores:
+                scores = ops.where(rows[:, None, :, None], scores, 0.0)
+        if gate is not None:
+            output = ops.multiply(output, gate)
         output = self._output_dense(output)
         if return_attention_scores:
-            return output, self._merge_heads(scores, axis=1)
+            return output, scores
         return output
+
+    def _attend_group(
+        self, group, query, key, value, training, return_scores, causal
+    ):
+        """One group of heads: select, pool (Eqn 25), then the kernel hook.
+
+        Returns `(output (B, T, n, Dv), scores (B, n, T, S) or None)`, the
+        scores of pooled heads spread back over the unpooled keys.
+        """
+        p = self._num_prefix_tokens
+        num_keys = value.shape[1]
+        heads = group.heads
+        query = _select_heads(query, heads, self._num_heads, axis=2)
+        key = _select_heads(key, heads, self._num_heads, axis=2)
+        value = _select_heads(value, heads, self._num_heads, axis=2)
+        if group.factor > 1:
+            key, _ = pooling.pool_sequence(key, group.factor, p, group.valid)
+            value, _ = pooling.pool_sequence(
+                value, group.factor, p, group.valid
+            )
+        key = self._convolve(key, "key", causal)
+        if self._kernel == "linear":
+            out, score = self._compute_linear_attention(
+                query,
+                key,
+                value,
+                key_weights=group.key_weights,
+                visible=group.visible,
+                return_attention_scores=return_scores,
+            )
+        else:
+            out, score = self._compute_attention(
+                query,
+                key,
+                value,
+                group.mask,
+                training,
+                return_scores,
+                use_causal_mask=group.causal,
+            )
+        if return_scores and group.factor > 1:
+            score = pooling.spread_scores(
+                score, group.factor, p, group.counts, group.valid, num_keys
+            )
+        return out, score
 
     def _merge_heads(self, tensors, axis):
         merged = (
@@ -411,212 +519,6 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             x, kernel, self._conv_grid, self._num_prefix_tokens
         )
 
-    def _group_query(self, query, heads):
-        if len(heads) == self._num_heads:
-            return query
-        return _select_heads(query, heads, axis=2)
-
-    def _group_keys(self, key, value, key_is_value, heads, factor, valid):
-        """Projected keys and values of one group of heads.
-
-        Factor 1: the inputs projected onto the group's heads. Factor r > 1
-        (Eqn 25): the inputs pooled over windows of their valid tokens,
-        then projected. Returns `(key, value, counts)`, `counts` the valid
-        tokens per window (None for factor 1).
-        """
-        if factor == 1:
-            return (
-                self._project(self._key_dense, key, heads),
-                self._project(self._value_dense, value, heads),
-                None,
-            )
-        p = self._num_prefix_tokens
-        pooled_key, counts = pooling.pool_sequence(key, factor, p, valid)
-        pooled_value = pooled_key
-        if not key_is_value:
-            pooled_value, _ = pooling.pool_sequence(value, factor, p, valid)
-        group_key = self._project(self._key_dense, pooled_key, heads)
-        group_value = self._project(self._value_dense, pooled_value, heads)
-        return group_key, group_value, counts
-
-    def _softmax_heads(
-        self,
-        query,
-        key,
-        value,
-        key_is_value,
-        query_mask,
-        key_mask,
-        causal,
-        training,
-        return_scores,
-    ):
-        """Softmax (and BN) attention of every group of heads.
-
-        `key_mask` holds every constraint but the query padding and the
-        causal one: `(B|1, 1|T, S)` or None.
-        """
-        p = self._num_prefix_tokens
-        num_queries, num_keys = query.shape[1], value.shape[1]
-        rows = masks_lib.query_padding_mask(query_mask)
-        mask = masks_lib.broadcast_keys(
-            masks_lib.merge_masks(rows, key_mask), num_keys
-        )
-        pooled = any(f > 1 for f, _ in self._groups)
-        full_mask = valid = None
-        if causal and pooled and key_mask is not None and key_mask.shape[1] > 1:
-            # Row-dependent constraints: pool the merged (B, T, S) mask.
-            full_mask = masks_lib.merge_masks(
-                mask, masks_lib.causal_mask(num_queries, num_keys)
-            )
-        elif causal and pooled:
-            # Causal windows from the keys' validity alone, O(T S / r).
-            valid = masks_lib.causal_valid_keys(
-                query_mask, key_mask, num_queries, num_keys
-            )
-        elif pooled and mask is not None:
-            full_mask = mask
-        outputs, scores = [], []
-        for factor, heads in self._groups:
-            group_mask, group_causal = mask, causal
-            if factor > 1:
-                group_mask, group_causal = None, False
-                if full_mask is not None:
-                    group_mask, valid = pooling.pool_mask(full_mask, factor, p)
-            k, v, counts = self._group_keys(
-                key, value, key_is_value, heads, factor, valid
-            )
-            if factor > 1 and full_mask is None and causal:
-                group_mask = masks_lib.merge_masks(
-                    rows,
-                    pooling.causal_window_mask(
-                        valid, counts, factor, p, num_queries, num_keys
-                    ),
-                )
-            k = self._convolve(k, "key", causal)
-            out, score = self._compute_attention(
-                self._group_query(query, heads),
-                k,
-                v,
-                group_mask,
-                training,
-                return_scores,
-                use_causal_mask=group_causal,
-            )
-            outputs.append(out)
-            if return_scores and factor > 1:
-                score = pooling.spread_scores(
-                    score, factor, p, counts, valid, num_keys
-                )
-            scores.append(score)
-        return outputs, scores
-
-    def _linear_heads(
-        self,
-        query,
-        key,
-        value,
-        key_is_value,
-        query_mask,
-        key_padding,
-        attention_mask,
-        causal,
-        return_scores,
-    ):
-        """Linear (and BN) attention of every group of heads, O(T + S)."""
-        p = self._num_prefix_tokens
-        num_queries, num_keys = query.shape[1], value.shape[1]
-        if attention_mask is not None and attention_mask.shape[1] != 1:
-            raise ValueError(
-                "`attention_mask` must be a padding mask of shape (B, 1, S) "
-                "under kernel='linear': linear attention supports padding "
-                "and causal masks only (use `use_causal_mask=True`); an "
-                "arbitrary (B, T, S) mask would make it quadratic. Received: "
-                f"attention_mask.shape={tuple(attention_mask.shape)}"
-            )
-        key_mask = masks_lib.merge_masks(key_padding, attention_mask)
-        if causal:
-            valid = masks_lib.causal_valid_keys(
-                query_mask, key_mask, num_queries, num_keys
-            )
-        else:
-            valid = None if key_mask is None else key_mask[:, 0]
-        outputs, scores = [], []
-        for factor, heads in self._groups:
-            k, v, counts = self._group_keys(
-                key, value, key_is_value, heads, factor, valid
-            )
-            if factor == 1:
-                weights, ready = valid, ops.ones((1, num_keys))
-            else:
-                weights = counts > 0
-                ready = pooling.ready_positions(valid, factor, p, num_keys)
-            k = self._convolve(k, "key", causal)
-            visible = None
-            if causal:
-                visible = pooling.visible_counts(ready, num_queries)
-            q, k = self._center_linear(
-                self._group_query(query, heads), k, weights, visible
-            )
-            out, score = kernels.linear_attention(
-                q,
-                k,
-                v,
-                key_weights=weights,
-                counts=visible,
-                return_scores=return_scores,
-            )
-            outputs.append(out)
-            if return_scores and factor > 1:
-                score = pooling.spread_scores(
-                    score, factor, p, counts, valid, num_keys
-                )
-            scores.append(score)
-        if query_mask is not None:
-            rows = ops.cast(query_mask, "bool")[:, :, None, None]
-            outputs = [ops.where(rows, o, ops.zeros_like(o)) for o in outputs]
-            if return_scores:
-                rows = ops.cast(query_mask, "bool")[:, None, :, None]
-                scores = [ops.where(rows, s, ops.zeros_like(s)) for s in scores]
-        return outputs, scores
-
-    def _center_linear(self, query, key, weights, visible):
-        """Attention-BN under the linear kernel: shift q and k before Phi.
-
-        Non-causal: both by beta mu over the valid keys. Causal: query i by
-        the mean of the keys it sees, key j by the mean of keys 0..j (its
-        own prefix), which keeps the prefix sums O(T).
-        """
-        if not self.uses_bn:
-            return query, key
-        beta = self._beta_value()
-        if visible is None:
-            moments = statistics.key_moments(
-                key,
-                None if weights is None else weights[:, None, :],
-                with_variance=self._standardize,
-            )
-            key_moments = query_moments = (
-                moments if self._standardize else (moments, None)
-            )
-        else:
-            running = statistics.running_moments(
-                key, weights, self._standardize
-            )[:-1]
-            key_moments = tuple(running) + (None,) * (2 - len(running))
-            query_moments = tuple(
-                None if m is None else kernels.gather_prefix(m, visible)
-                for m in key_moments
-            )
-        return (
-            statistics.normalize(
-                query, query_moments[0], beta, query_moments[1], self._epsilon
-            ),
-            statistics.normalize(
-                key, key_moments[0], beta, key_moments[1], self._epsilon
-            ),
-        )
-
     def _compute_attention(
         self,
         query,
@@ -627,11 +529,13 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         return_attention_scores=False,
         use_causal_mask=False,
     ):
-        """Attention of projected heads: BN recentering, then the kernel.
+        """Softmax attention of one group of heads, with Attention-BN.
 
-        Same hook and signature as `keras.layers.MultiHeadAttention`:
-        query `(B, T, N, D)`, key `(B, S, N, D)`, value `(B, S, N, Dv)`,
-        `attention_mask` broadcastable to `(B, T, S)`.
+        The hook and signature of `keras.layers.MultiHeadAttention`: query
+        `(B, T, n, D)`, key `(B, S', n, D)`, value `(B, S', n, Dv)` (S' the
+        pooled length of the group), `attention_mask` broadcastable to
+        `(B, T, S')`. Recenters the query (`statistics.recenter_query`),
+        then `kernels.softmax_attention`.
         """
         dtype = keras.backend.standardize_dtype(query.dtype)
         if self._standardize and dtype == "float16":
@@ -647,16 +551,14 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             scores = None if scores is None else ops.cast(scores, dtype)
             return ops.cast(out, dtype), scores
         if self.uses_bn:
-            moments = statistics.key_moments(
+            query = statistics.recenter_query(
+                query,
                 key,
-                attention_mask,
+                self._beta_value(),
+                mask=attention_mask,
                 causal=use_causal_mask,
-                num_queries=query.shape[1],
-                with_variance=self._standardize,
-            )
-            mean, variance = moments if self._standardize else (moments, None)
-            query = statistics.shift_query(
-                query, mean, self._beta_value(), variance, self._epsilon
+                standardize=self._standardize,
+                epsilon=self._epsilon,
             )
         dropout = None
         if self._dropout > 0 and training:
@@ -674,6 +576,43 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             dropout=dropout,
             return_scores=return_attention_scores,
             flash_attention=self._flash_attention,
+        )
+
+    def _compute_linear_attention(
+        self,
+        query,
+        key,
+        value,
+        key_weights=None,
+        visible=None,
+        return_attention_scores=False,
+    ):
+        """Linear attention of one group of heads, with Attention-BN.
+
+        The counterpart of `_compute_attention` for `kernel="linear"`:
+        query `(B, T, n, D)`, key `(B, S', n, D)`, value `(B, S', n, Dv)`;
+        `key_weights` `(B|1, S')` marks valid keys and `visible` `(B|1, T)`
+        holds the causal prefix lengths (None when not causal). Shifts q
+        and k (`statistics.recenter_linear`), then
+        `kernels.linear_attention`.
+        """
+        if self.uses_bn:
+            query, key = statistics.recenter_linear(
+                query,
+                key,
+                self._beta_value(),
+                key_weights=key_weights,
+                visible=visible,
+                standardize=self._standardize,
+                epsilon=self._epsilon,
+            )
+        return kernels.linear_attention(
+            query,
+            key,
+            value,
+            key_weights=key_weights,
+            counts=visible,
+            return_scores=return_attention_scores,
         )
 
     def compute_output_spec(
@@ -709,6 +648,8 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             {
                 "attention_axes": None,  # build() fills in (1,)
                 "flash_attention": self._flash_attention_arg,
+                "sliding_window": self._sliding_window,
+                "use_gate": self._use_gate,
                 "beta": self._beta,
                 "standardize": self._standardize,
                 "learn_beta": self._learn_beta,
@@ -725,12 +666,23 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         return config
 
 
-def _select_heads(x, heads, axis):
-    """`x` restricted to `heads` along `axis`: a slice when they are
-    contiguous (a gather's gradient is a scatter, slow on CPU and sparse on
-    TensorFlow), a gather otherwise."""
+def _inverse_order(groups):
+    """Permutation that restores head order after concatenating groups, or
+    None when the groups are already in order."""
+    order = [h for _, heads in groups for h in heads]
+    if order == sorted(order):
+        return None
+    return [order.index(h) for h in range(len(order))]
+
+
+def _select_heads(x, heads, num_heads, axis):
+    """`x` restricted to `heads` along `axis`: itself for all heads, a slice
+    when they are contiguous (a gather's gradient is a scatter, slow on CPU
+    and sparse on TensorFlow), a gather otherwise."""
+    if len(heads) == num_heads:
+        return x
     if list(heads) == list(range(heads[0], heads[-1] + 1)):
         index = [slice(None)] * len(x.shape)
         index[axis] = slice(heads[0], heads[-1] + 1)
         return x[tuple(index)]
-    return ops.take(x, heads, axis=axis)
+    return ops.take(x, list(heads), axis=axis)
