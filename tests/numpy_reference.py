@@ -21,6 +21,26 @@ def windows(length, factor, num_prefix_tokens):
     return out
 
 
+def pooled_visibility(full, factor, num_prefix_tokens):
+    """(B, T, W) whether query i sees pooled key w (SPEC.md section 6).
+
+    `full` is the merged (B, T, S) mask. A key is valid when some query may
+    see it; window w is seen when it holds a valid token and query i may see
+    every valid token of it. Also returns the valid members of each window.
+    """
+    batch, num_queries, num_keys = full.shape
+    wins = windows(num_keys, factor, num_prefix_tokens)
+    out = np.zeros((batch, num_queries, len(wins)), bool)
+    members = []
+    for b in range(batch):
+        valid = full[b].any(axis=0)
+        members.append([[j for j in w if valid[j]] for w in wins])
+        for i in range(num_queries):
+            for w, m in enumerate(members[b]):
+                out[b, i, w] = bool(m) and full[b, i, m].all()
+    return out, members
+
+
 def elu1(x):
     """Phi(x) = elu(x) + 1."""
     return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
@@ -120,10 +140,11 @@ def svr_attention(
     )
     scores = np.zeros((batch, num_heads, num_queries, num_keys))
     for b in range(batch):
-        valid = full[b].any(axis=0)  # keys some query may see
         for h in range(num_heads):
-            wins = windows(num_keys, factors[h], num_prefix_tokens)
-            members = [[j for j in w if valid[j]] for w in wins]
+            seen, members = pooled_visibility(
+                full[b : b + 1], factors[h], num_prefix_tokens
+            )
+            members = members[0]
             # Eqn 25: average the valid inputs of each window, then project.
             kx = np.array(
                 [key[b, m].mean(0) if m else key[b, 0] * 0 for m in members]
@@ -143,9 +164,7 @@ def svr_attention(
                     q = conv2d(q, conv_q, conv_grid, p)
                     k = conv2d(k, conv_k, conv_grid, p)
             for i in range(num_queries):
-                visible = np.array(
-                    [bool(m) and full[b, i, m].all() for m in members]
-                )
+                visible = seen[0, i]
                 if not visible.any():
                     continue
                 qi, kk = q[i], k

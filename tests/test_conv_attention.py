@@ -2,6 +2,7 @@
 
 import itertools
 
+import keras
 import numpy as np
 import pytest
 
@@ -10,14 +11,13 @@ from tests import numpy_reference as ref
 from tests.test_svr_attention import MODES
 from tests.test_svr_attention import D
 from tests.test_svr_attention import N
-from tests.test_svr_attention import T
 from tests.test_svr_attention import make_inputs
 from tests.testing import assert_allclose
 from tests.testing import attention_weights
 from tests.testing import random_weights
 
 
-def _run(layer, query, causal, kernel="softmax", grid=None):
+def _run(layer, mode, query, causal, kernel="softmax", grid=None):
     layer(query, query)
     random_weights(layer)  # random kernels too: not the identity
     out = layer(query, query, use_causal_mask=causal)
@@ -26,10 +26,10 @@ def _run(layer, query, causal, kernel="softmax", grid=None):
         query.astype("float64"),
         attention_weights(layer),
         causal_mask=causal,
-        beta=layer.beta or 0.0,
-        standardize=layer._standardize,
-        head_factors=list(layer.head_factors),
-        num_prefix_tokens=layer.num_prefix_tokens,
+        beta=MODES[mode].get("beta", 0.0),
+        standardize=MODES[mode].get("standardize", False),
+        head_factors=MODES[mode].get("head_factors"),
+        num_prefix_tokens=1,
         kernel=kernel,
         conv_q=np.asarray(layer.query_conv.numpy(), "float64"),
         conv_k=np.asarray(layer.key_conv.numpy(), "float64"),
@@ -60,7 +60,7 @@ def test_conv1d_attention_matches_numpy_reference(mode, kernel, causal):
         kernel=kernel,
         **MODES[mode],
     )
-    out, want = _run(layer, query, causal, kernel)
+    out, want = _run(layer, mode, query, causal, kernel)
     assert_allclose(out, want)
 
 
@@ -76,7 +76,7 @@ def test_conv2d_attention_matches_numpy_reference(mode):
         num_prefix_tokens=1,
         **MODES[mode],
     )
-    out, want = _run(layer, query, False, grid=(3, 4))
+    out, want = _run(layer, mode, query, False, grid=(3, 4))
     assert_allclose(out, want)
 
 
@@ -87,11 +87,13 @@ def test_conv_attention_starts_as_identity():
     plain(query, query)
     conv(query, query)
     conv.set_weights(conv.get_weights()[:2] + plain.get_weights())
-    assert_allclose(
-        conv(query, query, use_causal_mask=True),
-        plain(query, query, use_causal_mask=True),
-    )
-    assert T == query.shape[1]
+    want = plain(query, query, use_causal_mask=True)
+    assert_allclose(conv(query, query, use_causal_mask=True), want)
+    # The kernels are used: a shifted delta changes the output.
+    conv.key_conv.assign(np.roll(conv.key_conv.numpy(), 1))
+    got = conv(query, query, use_causal_mask=True)
+    diff = keras.ops.convert_to_numpy(got) - keras.ops.convert_to_numpy(want)
+    assert np.abs(diff).max() > 1e-3
 
 
 def test_conv_attention_rejects_bad_options():

@@ -105,3 +105,78 @@ def test_causal_window_mask_equals_pooling_the_causal_mask(
     np.testing.assert_array_equal(
         ops.convert_to_numpy(got), ops.convert_to_numpy(want)
     )
+
+
+PLAN_CASES = [
+    # (num_queries, num_keys, prefix, query padding, key constraint, causal)
+    (7, 9, 0, False, "padding", False),
+    (7, 9, 1, True, "padding", True),
+    (9, 7, 2, True, "rows", True),
+    (7, 9, 1, False, "rows", False),
+    (6, 6, 0, True, None, True),
+    (5, 3, 3, False, "padding", True),  # prefix == length: nothing to pool
+]
+
+
+@pytest.mark.parametrize("kernel", ["softmax", "linear"])
+@pytest.mark.parametrize(
+    "num_queries,num_keys,prefix,query_padding,constraint,causal", PLAN_CASES
+)
+def test_plan_head_groups_matches_numpy_visibility(
+    kernel, num_queries, num_keys, prefix, query_padding, constraint, causal
+):
+    if kernel == "linear" and constraint == "rows":
+        pytest.skip("the linear kernel takes key padding only")
+    rng = np.random.default_rng(4)
+    factors = (2, 1, 3, 1, 2)
+    query_mask = None
+    if query_padding:
+        query_mask = rng.random((2, num_queries)) < 0.7
+        query_mask[:, 0] = True
+    key_mask = None
+    if constraint == "padding":
+        key_mask = (rng.random((2, num_keys)) < 0.7)[:, None, :]
+    elif constraint == "rows":
+        key_mask = rng.random((2, num_queries, num_keys)) < 0.6
+    full = np.ones((2, num_queries, num_keys), bool)
+    if query_mask is not None:
+        full &= query_mask[:, :, None]
+    if key_mask is not None:
+        full &= key_mask
+    if causal:
+        full &= ref.causal(num_queries, num_keys)[None]
+    plan = pooling.plan_head_groups(
+        factors,
+        prefix,
+        num_queries,
+        num_keys,
+        query_mask=query_mask,
+        key_mask=key_mask,
+        causal=causal,
+        kernel=kernel,
+    )
+    assert [g.heads for g in plan] == [(0, 4), (1, 3), (2,)]
+    nothing_to_pool = num_keys <= prefix
+    for group, factor in zip(plan, (2, 1, 3), strict=True):
+        assert group.factor == (1 if nothing_to_pool else factor)
+        want, _ = ref.pooled_visibility(full, group.factor, prefix)
+        shape = want.shape
+        if kernel == "softmax":
+            got = np.ones(shape, bool)
+            if group.mask is not None:
+                got &= np.broadcast_to(ops.convert_to_numpy(group.mask), shape)
+            if group.causal:
+                got &= ref.causal(num_queries, shape[2])[None]
+        else:
+            weights = np.ones((1, shape[2]), bool)
+            if group.key_weights is not None:
+                weights = ops.convert_to_numpy(group.key_weights) > 0
+            got = np.broadcast_to(weights[:, None, :], shape).copy()
+            if group.visible is not None:
+                seen = ops.convert_to_numpy(group.visible)
+                got &= np.arange(shape[2])[None, None] < seen[:, :, None]
+            rows = np.ones((2, num_queries), bool)
+            if query_mask is not None:
+                rows = query_mask  # padded rows are zeroed by the layer
+            want, got = want[rows], got[rows]
+        np.testing.assert_array_equal(got, want)

@@ -51,7 +51,16 @@ def test_linear_attention_matches_numpy_reference(mode, mask_kind, prefix):
     )
     fast = layer(query, value, key, **kwargs)
     want_out, want_scores = reference(
-        layer, query, value, key, None, value_mask, causal, kernel="linear"
+        layer,
+        mode,
+        query,
+        value,
+        key,
+        None,
+        value_mask,
+        causal,
+        kernel="linear",
+        num_prefix_tokens=prefix,
     )
     tol = 5e-5 if MODES[mode].get("standardize") else 1e-5
     assert_allclose(scores, want_scores, tol, tol, err_msg="scores")

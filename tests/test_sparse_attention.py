@@ -64,7 +64,15 @@ def test_sparse_attention_matches_numpy_reference(mode, sparsity, causal):
     )
     pattern = np.broadcast_to(numpy_pattern(sparsity, T, T, 3), (B, T, T))
     want_out, want_scores = reference(
-        layer, query, value, None, pattern, None, causal
+        layer,
+        mode,
+        query,
+        value,
+        None,
+        pattern,
+        None,
+        causal,
+        num_prefix_tokens=1,
     )
     tol = 5e-5 if MODES[mode].get("standardize") else 1e-5
     assert_allclose(scores, want_scores, tol, tol)

@@ -76,6 +76,7 @@ def build_layer(mode, num_prefix_tokens=0, **kwargs):
 
 def reference(
     layer,
+    mode,
     query,
     value,
     key,
@@ -84,7 +85,11 @@ def reference(
     causal,
     kernel="softmax",
     query_mask=None,
+    num_prefix_tokens=0,
 ):
+    """The NumPy reference with `layer`'s weights and the options of
+    `MODES[mode]` (never read off the layer under test)."""
+    options = MODES[mode]
     mask = None
     if attention_mask is not None:
         mask = attention_mask
@@ -102,11 +107,10 @@ def reference(
         key=None if key is None else key.astype("float64"),
         mask=mask,
         causal_mask=causal,
-        beta=layer.beta or 0.0,
-        standardize=layer._standardize,
-        epsilon=layer._epsilon,
-        head_factors=list(layer.head_factors),
-        num_prefix_tokens=layer.num_prefix_tokens,
+        beta=options.get("beta", 0.0),
+        standardize=options.get("standardize", False),
+        head_factors=options.get("head_factors"),
+        num_prefix_tokens=num_prefix_tokens,
         kernel=kernel,
     )
 
@@ -149,7 +153,15 @@ def test_svr_attention_matches_numpy_reference(mode, mask_kind, prefix):
         use_causal_mask=causal,
     )
     want_out, want_scores = reference(
-        layer, query, value, key, attention_mask, value_mask, causal
+        layer,
+        mode,
+        query,
+        value,
+        key,
+        attention_mask,
+        value_mask,
+        causal,
+        num_prefix_tokens=prefix,
     )
     assert scores.shape == (B, N, T, S)
     # Dividing by s^2 = sigma^2 + 1e-5 amplifies float32 rounding.
@@ -190,6 +202,7 @@ def test_svr_attention_query_padding_under_causal_mask(mode, kernel):
     )
     want_out, want_scores = reference(
         layer,
+        mode,
         query,
         value,
         key,
@@ -198,6 +211,7 @@ def test_svr_attention_query_padding_under_causal_mask(mode, kernel):
         True,
         kernel=kernel,
         query_mask=query_mask,
+        num_prefix_tokens=1,
     )
     tol = 5e-5 if MODES[mode].get("standardize") else 1e-5
     assert_allclose(scores, want_scores, tol, tol, err_msg="scores")
@@ -231,7 +245,7 @@ def test_svr_attention_value_dim_and_output_shape(mode):
     layer(query, value, key)
     random_weights(layer)
     out = layer(query, value, key, use_causal_mask=True)
-    want, _ = reference(layer, query, value, key, None, None, True)
+    want, _ = reference(layer, mode, query, value, key, None, None, True)
     assert out.shape == (B, T, 11)
     assert_allclose(out, want)
 

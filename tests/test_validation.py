@@ -27,6 +27,24 @@ import keras_svr_attention as ksa
         ({"learn_beta": True}, "learn_beta=True"),
         ({"attention_axes": (1,)}, "attention_axes"),
         ({"dropout": 1.0}, "dropout"),
+        ({"dropout": "0.1"}, "dropout"),
+        # Strings are not bools: "no" and "false" are truthy.
+        ({"standardize": "no"}, "standardize"),
+        ({"learn_beta": "false", "beta": 1.0}, "learn_beta"),
+        ({"use_gate": "yes"}, "use_gate"),
+        ({"flash_attention": "auto"}, "flash_attention"),
+        ({"sliding_window": 0}, "sliding_window"),
+        ({"sliding_window": 2.5}, "sliding_window"),
+        ({"sliding_window": 3, "kernel": "linear"}, "sliding_window"),
+        ({"kernel": "linear", "dropout": 0.1}, "dropout"),
+        ({"kernel": "cosine"}, "kernel"),
+        ({"sparsity": "random", "block_size": 2}, "sparsity"),
+        ({"sparsity": "local", "block_size": 0}, "block_size"),
+        (
+            {"sparsity": "local", "block_size": 2, "kernel": "linear"},
+            "sparsity",
+        ),
+        ({"block_size": 2}, "block_size"),
     ],
 )
 def test_svr_attention_rejects_bad_options(kwargs, name):
@@ -66,3 +84,51 @@ def test_svr_attention_rejects_mask_that_does_not_broadcast(shape):
     layer = ksa.SVRAttention(num_heads=4, key_dim=3)
     with pytest.raises(ValueError, match="`attention_mask`"):
         layer(_x(2, 7, 6), _x(2, 9, 5), attention_mask=np.ones(shape, bool))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"head_factors": np.array([1, 2, 2, 4])},
+        {"head_factors": [np.int64(1), np.int32(2), 1, 1]},
+        {"beta": np.float32(0.5), "learn_beta": np.bool_(True)},
+        {"num_prefix_tokens": np.int64(2), "epsilon": np.float64(1e-4)},
+        {"sparsity": "local", "block_size": np.int32(3)},
+        {"standardize": np.bool_(True), "beta": np.int64(1)},
+    ],
+)
+def test_svr_attention_accepts_numpy_numbers(kwargs):
+    layer = ksa.SVRAttention(num_heads=4, key_dim=3, **kwargs)
+    config = layer.get_config()
+    for name in kwargs:
+        value = config[name]
+        assert type(value) in (int, float, bool, str, list), (name, value)
+
+
+def test_use_gate_on_an_older_keras_says_which_keras(monkeypatch):
+    from keras_svr_attention.layers import _validation
+
+    monkeypatch.setattr(_validation, "keras_supports", lambda name: False)
+    with pytest.raises(ValueError, match="`use_gate` needs Keras >= 3.14"):
+        ksa.SVRAttention(num_heads=2, key_dim=3, use_gate=True)
+
+
+def test_sparse_mask_rejects_unknown_pattern():
+    from keras_svr_attention.functional import masks
+
+    with pytest.raises(ValueError, match="`sparsity`"):
+        masks.sparse_mask("diagonal", 4, 4, 2)
+
+
+def test_stochastic_depth_rejects_bad_rate():
+    with pytest.raises(ValueError, match="`rate`"):
+        ksa.StochasticDepth(1.0)
+
+
+def test_attention_maps_need_encoder_blocks():
+    import keras
+
+    inputs = keras.Input((4, 3))
+    model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+    with pytest.raises(ValueError, match="`model` has no TransformerEncoder"):
+        ksa.attention_maps(model, np.zeros((1, 4, 3), "float32"))

@@ -9,6 +9,7 @@ import math
 import numbers
 
 import keras
+import numpy as np
 
 from keras_svr_attention.functional.masks import SPARSITY
 
@@ -29,7 +30,7 @@ def _is_real(value):
 
 def boolean(name, value):
     """A Python or NumPy bool, returned as `bool` (the string "no" is not)."""
-    if not isinstance(value, bool) and type(value).__name__ != "bool_":
+    if not isinstance(value, (bool, np.bool_)):
         _fail(name, "a bool", value)
     return bool(value)
 

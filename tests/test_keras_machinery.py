@@ -1,0 +1,339 @@
+"""SVRAttention on Keras's own machinery: quantization, LoRA, gates, sliding
+windows, rank-2 masks, flash attention, dtype policies.
+
+Every mode goes through the projection sublayers' `call`, so whatever Keras
+does to an `EinsumDense` reaches every head group.
+"""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+import keras_svr_attention as ksa
+from keras_svr_attention.layers import _validation
+from tests.test_svr_attention import MODES
+from tests.test_svr_attention import B
+from tests.test_svr_attention import D
+from tests.test_svr_attention import N
+from tests.test_svr_attention import S
+from tests.test_svr_attention import T
+from tests.test_svr_attention import make_inputs
+from tests.test_svr_attention import reference
+from tests.testing import BACKEND
+from tests.testing import assert_allclose
+from tests.testing import random_weights
+
+KERNEL_MODES = [(m, "softmax") for m in MODES] + [
+    (m, "linear") for m in ("softmax", "bn", "sh", "bn+sh")
+]
+KERNEL_IDS = [f"{m}-{k}" for m, k in KERNEL_MODES]
+
+
+def _numpy(x):
+    return np.asarray(ops.convert_to_numpy(x), "float64")
+
+
+def _relative_rms(actual, desired):
+    actual, desired = _numpy(actual), _numpy(desired)
+    return np.sqrt(np.mean((actual - desired) ** 2) / np.mean(desired**2))
+
+
+def _attention_model(layer, query, value, key):
+    """A functional model around `layer`, with weights copied into it."""
+    inputs = [keras.Input(x.shape[1:]) for x in (query, value, key)]
+    model = keras.Model(inputs, layer(*inputs))
+    return model
+
+
+def _quantization_modes():
+    """The post-training modes of this Keras that need no calibration data
+    (float8 is trained; gptq and awq calibrate on a dataset)."""
+    from keras.src import dtype_policies
+
+    supported = getattr(dtype_policies, "QUANTIZATION_MODES", ("int8",))
+    return [mode for mode in ("int8", "int4") if mode in supported]
+
+
+@pytest.mark.parametrize("quantization", _quantization_modes())
+@pytest.mark.parametrize("mode,kernel", KERNEL_MODES, ids=KERNEL_IDS)
+def test_quantized_layer_stays_as_close_as_mha(mode, kernel, quantization):
+    # 64-wide inputs so that int8 per-channel scales behave as in practice.
+    rng = np.random.default_rng(0)
+    query = rng.normal(size=(B, 16, 64)).astype("float32")
+    value = rng.normal(size=(B, 20, 64)).astype("float32")
+    key = rng.normal(size=(B, 20, 64)).astype("float32")
+    errors = {}
+    for name, layer in (
+        ("mha", keras.layers.MultiHeadAttention(num_heads=4, key_dim=16)),
+        (
+            "svr",
+            ksa.SVRAttention(
+                num_heads=4, key_dim=16, kernel=kernel, **MODES[mode]
+            ),
+        ),
+    ):
+        model = _attention_model(layer, query, value, key)
+        random_weights(layer, seed=1)
+        want = model.predict([query, value, key], verbose=0)
+        model.quantize(quantization)
+        assert layer.query_dense.quantization_mode == quantization
+        got = model.predict([query, value, key], verbose=0)
+        errors[name] = _relative_rms(got, want)
+    # The quantized SVR layer is as close to its own float output as MHA is
+    # to its own, within a factor 2 (different attention, same projections).
+    assert errors["svr"] < 2 * errors["mha"] + 1e-3, errors
+    assert errors["svr"] > 0, "quantization did not reach the projections"
+
+
+@pytest.mark.parametrize("mode,kernel", KERNEL_MODES, ids=KERNEL_IDS)
+def test_lora_reaches_every_projection(mode, kernel):
+    query, value, key = make_inputs()
+    mha = keras.layers.MultiHeadAttention(num_heads=N, key_dim=D)
+    svr = ksa.SVRAttention(num_heads=N, key_dim=D, kernel=kernel, **MODES[mode])
+    outputs = {}
+    for layer in (mha, svr):
+        layer(query, value, key)
+        random_weights(layer)
+        before = layer(query, value, key)
+        for dense in (
+            layer.query_dense,
+            layer.key_dense,
+            layer.value_dense,
+            layer.output_dense,
+        ):
+            dense.enable_lora(2)
+            dense.lora_kernel_b.assign(
+                np.full(dense.lora_kernel_b.shape, 0.1, "float32")
+            )
+        outputs[layer.name] = (before, layer(query, value, key))
+    assert len(svr.trainable_weights) == len(mha.trainable_weights)
+    assert sum(int(np.prod(w.shape)) for w in svr.trainable_weights) == sum(
+        int(np.prod(w.shape)) for w in mha.trainable_weights
+    )
+    before, after = outputs[svr.name]
+    assert _relative_rms(after, before) > 1e-2, "LoRA was bypassed"
+
+
+def test_lora_layer_equals_mha_with_lora_when_options_off():
+    query, value, key = make_inputs()
+    mha = keras.layers.MultiHeadAttention(num_heads=N, key_dim=D)
+    svr = ksa.SVRAttention(num_heads=N, key_dim=D)
+    for layer in (mha, svr):
+        layer(query, value, key)
+        layer.query_dense.enable_lora(2)
+        layer.value_dense.enable_lora(3)
+    random_weights(mha)
+    svr.set_weights(mha.get_weights())
+    assert_allclose(svr(query, value, key), mha(query, value, key))
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_rank2_attention_mask_broadcasts_as_rank3(mode):
+    query, value, key = make_inputs()
+    rng = np.random.default_rng(3)
+    mask = rng.random((T, S)) < 0.7
+    layer = ksa.SVRAttention(num_heads=N, key_dim=D, **MODES[mode])
+    layer(query, value, key)
+    random_weights(layer)
+    got = layer(query, value, key, attention_mask=mask)
+    want, _ = reference(layer, mode, query, value, key, mask[None], None, False)
+    assert_allclose(got, want)
+    assert_allclose(
+        got, layer(query, value, key, attention_mask=np.stack([mask] * B))
+    )
+
+
+def test_rank2_mask_equals_mha():
+    query, value, key = make_inputs()
+    mask = np.tril(np.ones((T, S), bool), 1)
+    mha = keras.layers.MultiHeadAttention(num_heads=N, key_dim=D)
+    svr = ksa.SVRAttention(num_heads=N, key_dim=D)
+    mha(query, value, key)
+    svr(query, value, key)
+    random_weights(mha)
+    svr.set_weights(mha.get_weights())
+    assert_allclose(
+        svr(query, value, key, attention_mask=mask),
+        mha(query, value, key, attention_mask=mask),
+    )
+
+
+needs_gate = pytest.mark.skipif(
+    not _validation.keras_supports("use_gate"),
+    reason="use_gate needs Keras >= 3.14",
+)
+needs_window = pytest.mark.skipif(
+    not _validation.keras_supports("sliding_window"),
+    reason="MultiHeadAttention(sliding_window=...) needs Keras >= 3.15",
+)
+
+
+@needs_gate
+def test_gate_equals_mha_when_options_off():
+    query, value, key = make_inputs()
+    mha = keras.layers.MultiHeadAttention(num_heads=N, key_dim=D, use_gate=True)
+    svr = ksa.SVRAttention(num_heads=N, key_dim=D, use_gate=True)
+    mha(query, value, key)
+    svr(query, value, key)
+    random_weights(mha)
+    assert len(svr.weights) == len(mha.weights)
+    svr.set_weights(mha.get_weights())
+    for causal in (False, True):
+        assert_allclose(
+            svr(query, value, key, use_causal_mask=causal),
+            mha(query, value, key, use_causal_mask=causal),
+        )
+
+
+@needs_gate
+@pytest.mark.parametrize("mode,kernel", KERNEL_MODES, ids=KERNEL_IDS)
+def test_gate_multiplies_every_head_before_output_dense(mode, kernel):
+    # gate = sigmoid(x W_g + b_g): a gate of exactly 1 (huge bias) gives the
+    # ungated layer; a gate of 0.5 everywhere (zero kernel and bias) halves
+    # the attention output before output_dense.
+    query, value, key = make_inputs()
+    options = dict(num_heads=N, key_dim=D, kernel=kernel, **MODES[mode])
+    plain = ksa.SVRAttention(**options)
+    gated = ksa.SVRAttention(use_gate=True, **options)
+    plain(query, value, key)
+    gated(query, value, key)
+    random_weights(plain)
+    for name in ("query_dense", "key_dense", "value_dense", "output_dense"):
+        getattr(gated, name).set_weights(getattr(plain, name).get_weights())
+    gate = gated._gate_dense
+    gate.kernel.assign(np.zeros(gate.kernel.shape, "float32"))
+    gate.bias.assign(np.full(gate.bias.shape, 40.0, "float32"))
+    want = plain(query, value, key, use_causal_mask=True)
+    assert_allclose(gated(query, value, key, use_causal_mask=True), want)
+    gate.bias.assign(np.zeros(gate.bias.shape, "float32"))
+    bias = _numpy(plain.output_dense.bias)
+    half = _numpy(gated(query, value, key, use_causal_mask=True)) - bias
+    assert_allclose(half, (_numpy(want) - bias) / 2)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sliding_window_matches_reference(mode, causal):
+    query, value, _ = make_inputs(num_keys=T, self_attention=True)
+    window = 3
+    layer = ksa.SVRAttention(
+        num_heads=N, key_dim=D, sliding_window=window, **MODES[mode]
+    )
+    layer(query, value)
+    random_weights(layer)
+    band = np.abs(np.arange(T)[:, None] - np.arange(T)[None]) < window
+    got, scores = layer(
+        query, value, use_causal_mask=causal, return_attention_scores=True
+    )
+    want, want_scores = reference(
+        layer, mode, query, value, None, band[None], None, causal
+    )
+    tol = 5e-5 if MODES[mode].get("standardize") else 1e-5
+    assert_allclose(got, want, tol, tol)
+    assert_allclose(scores, want_scores, tol, tol)
+
+
+@needs_window
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sliding_window_equals_mha(causal):
+    query, value, _ = make_inputs(self_attention=True)
+    mha = keras.layers.MultiHeadAttention(
+        num_heads=N, key_dim=D, sliding_window=2
+    )
+    svr = ksa.SVRAttention(num_heads=N, key_dim=D, sliding_window=2)
+    mha(query, value)
+    svr(query, value)
+    random_weights(mha)
+    svr.set_weights(mha.get_weights())
+    assert_allclose(
+        svr(query, value, use_causal_mask=causal),
+        mha(query, value, use_causal_mask=causal),
+    )
+
+
+def test_new_arguments_round_trip_through_config():
+    layer = ksa.SVRAttention(
+        num_heads=N,
+        key_dim=D,
+        sliding_window=4,
+        use_gate=_validation.keras_supports("use_gate"),
+        beta=np.float32(0.5),
+        head_factors=np.array([1, 1, 2, 2]),
+        num_prefix_tokens=np.int64(1),
+    )
+    config = layer.get_config()
+    clone = ksa.SVRAttention.from_config(config)
+    assert clone.get_config() == config
+    assert config["sliding_window"] == 4
+    assert type(config["beta"]) is float
+    assert config["head_factors"] == [1, 1, 2, 2]
+    assert type(config["num_prefix_tokens"]) is int
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow only")
+def test_flash_attention_refused_on_tensorflow():
+    with pytest.raises(ValueError, match="`flash_attention=True`.*TensorFlow"):
+        ksa.SVRAttention(num_heads=2, key_dim=4, flash_attention=True)
+
+
+@pytest.mark.skipif(BACKEND == "tensorflow", reason="no fused kernel on TF")
+def test_flash_attention_refuses_what_mha_refuses():
+    with pytest.raises(ValueError, match="`kernel='linear'`|kernel='linear'"):
+        ksa.SVRAttention(
+            num_heads=2, key_dim=4, flash_attention=True, kernel="linear"
+        )
+    with pytest.raises(ValueError, match="`dropout`"):
+        ksa.SVRAttention(
+            num_heads=2, key_dim=4, flash_attention=True, dropout=0.1
+        )
+    layer = ksa.SVRAttention(num_heads=2, key_dim=4, flash_attention=True)
+    x = np.zeros((1, 3, 8), "float32")
+    with pytest.raises(ValueError, match="`return_attention_scores=True`"):
+        layer(x, x, return_attention_scores=True)
+
+
+def test_flash_attention_false_is_kept_and_computes_the_same():
+    query, value, key = make_inputs()
+    layer = ksa.SVRAttention(num_heads=N, key_dim=D, flash_attention=False)
+    plain = ksa.SVRAttention(num_heads=N, key_dim=D)
+    layer(query, value, key)
+    plain(query, value, key)
+    plain.set_weights(layer.get_weights())
+    assert layer.get_config()["flash_attention"] is False
+    assert_allclose(layer(query, value, key), plain(query, value, key))
+
+
+def test_constraints_and_regularizers_reach_every_projection():
+    query, value, key = make_inputs()
+    layer = ksa.SVRAttention(
+        num_heads=N,
+        key_dim=D,
+        head_factors=[1, 2, 2, 4],
+        kernel_regularizer="l2",
+        kernel_constraint=keras.constraints.MaxNorm(0.1),
+    )
+    layer(query, value, key)
+    for dense in (layer.query_dense, layer.key_dense, layer.value_dense):
+        assert isinstance(dense.kernel_constraint, keras.constraints.MaxNorm)
+    assert len(layer.losses) == 4  # one l2 term per projection kernel
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("mode,kernel", KERNEL_MODES, ids=KERNEL_IDS)
+def test_mixed_precision_is_close_to_float32(mode, kernel, policy):
+    query, value, key = make_inputs()
+    options = dict(num_heads=N, key_dim=D, kernel=kernel, **MODES[mode])
+    full = ksa.SVRAttention(**options)
+    full(query, value, key)
+    random_weights(full)
+    want = full(query, value, key, use_causal_mask=True)
+    mixed = ksa.SVRAttention(dtype=policy, **options)
+    mixed(query, value, key)
+    mixed.set_weights(full.get_weights())
+    got = mixed(query, value, key, use_causal_mask=True)
+    assert keras.backend.standardize_dtype(got.dtype) == policy[6:]
+    # float16 keeps 11 significant bits, bfloat16 8: relative error of the
+    # whole layer (four projections and the kernel in low precision).
+    tolerance = 1e-2 if policy == "mixed_float16" else 5e-2
+    assert _relative_rms(got, want) < tolerance
