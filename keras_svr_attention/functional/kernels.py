@@ -101,7 +101,9 @@ def softmax_attention(
         )
         logits = logits * ops.cast(scale, dtype)
         if mask is not None:
-            neg = ops.cast(-1e30 if dtype == "float32" else -1e300, dtype)
+            neg = ops.convert_to_tensor(
+                -1e30 if dtype == "float32" else -1e300, dtype
+            )
             logits = ops.where(_head_mask(mask), logits, neg)
         weights = ops.softmax(logits, axis=-1)
         if rows is not None:
@@ -184,7 +186,14 @@ def linear_attention(
         num = ops.einsum("btnd,btnde->btne", phi_q, gather_prefix(kv, counts))
         den = ops.einsum("btnd,btnd->btn", phi_q, gather_prefix(z, counts))
     seen = den > 0
-    out = num / ops.where(seen, den, 1.0)[..., None]
+    # Each row's numerator and denominator scaled by 1 / den, held constant:
+    # the quotient is unchanged, but its gradient no longer holds den^2,
+    # which underflows to 0 when Phi is tiny (q, k << 0): -num / den^2 = inf,
+    # and inf times the clipped feature map's zero gradient is NaN.
+    scale = ops.stop_gradient(1.0 / ops.where(seen, den, 1.0))
+    out = (num * scale[..., None]) / ops.where(seen, den * scale, 1.0)[
+        ..., None
+    ]
     out = ops.where(seen[..., None], out, 0.0)
     scores = None
     if return_scores:
