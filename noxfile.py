@@ -6,6 +6,7 @@ the examples in smoke mode and `nox -s bench` the benchmarks.
 """
 
 import os
+import shutil
 
 import nox
 
@@ -29,12 +30,28 @@ def _install(session, backend, extras):
     session.install(*find_links, "-e", f".[{extras}]")
 
 
-def _env(backend):
-    return {
+def _env(backend, session=None):
+    env = {
         "KERAS_BACKEND": backend,
         "TF_CPP_MIN_LOG_LEVEL": "2",
         "CUDA_VISIBLE_DEVICES": "",
     }
+    if backend == "jax" and session is not None:
+        # Eager JAX compiles every op anew for each shape, which is most of
+        # the JAX test time: compile with less LLVM optimisation (the tests
+        # are small) and share compiled ops between the two pytest workers
+        # through a cache that starts empty in every run.
+        cache = os.path.join(session.create_tmp(), "jax-cache")
+        shutil.rmtree(cache, ignore_errors=True)
+        env.update(
+            {
+                "XLA_FLAGS": "--xla_backend_optimization_level=0",
+                "JAX_COMPILATION_CACHE_DIR": cache,
+                "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+            }
+        )
+    return env
 
 
 @nox.session
@@ -48,7 +65,10 @@ def lint(session):
 @nox.parametrize("backend", BACKENDS)
 def tests(session, backend):
     _install(session, backend, "test")
-    session.run("pytest", "-q", *session.posargs, env=_env(backend))
+    # Two workers: one per core of the CI machine.
+    session.run(
+        "pytest", "-q", "-n", "2", *session.posargs, env=_env(backend, session)
+    )
 
 
 @nox.session
@@ -141,6 +161,7 @@ def bench(session, backend):
 @nox.parametrize("backend", BACKENDS)
 def slow(session, backend):
     _install(session, backend, "test,examples")
-    session.run(
-        "pytest", "-q", "-m", "slow", *session.posargs, env=_env(backend)
-    )
+    env = {**_env(backend, session), "SVR_FUZZ_EXAMPLES": "300"}
+    session.run("pytest", "-q", "-m", "slow", *session.posargs, env=env)
+    # The property-based test again, with many more examples.
+    session.run("pytest", "-q", "tests/test_robustness.py", env=env)

@@ -3,6 +3,7 @@
 from keras_svr_attention import diagnostics
 from keras_svr_attention import functional
 from keras_svr_attention import models
+from keras_svr_attention.convert import replace_attention
 from keras_svr_attention.diagnostics.heads import attention_maps
 from keras_svr_attention.diagnostics.heads import head_redundancy
 from keras_svr_attention.layers.presets import AttentionBN
@@ -36,6 +37,7 @@ __all__ = [
     "get",
     "head_redundancy",
     "models",
+    "replace_attention",
     "timeseries_classifier",
     "vit_classifier",
 ]

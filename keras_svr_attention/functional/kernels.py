@@ -54,7 +54,7 @@ def softmax_attention(
         before dropout (or `None`). A row with no visible key is exactly 0.
 
     >>> q = k = v = keras.ops.ones((2, 5, 3, 4))
-    >>> softmax_attention(q, k, v)[0].shape
+    >>> tuple(softmax_attention(q, k, v)[0].shape)
     (2, 5, 3, 4)
     """
     num_queries, num_keys = query.shape[1], key.shape[1]

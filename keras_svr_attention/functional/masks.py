@@ -69,7 +69,7 @@ def causal_mask(num_queries, num_keys):
 
     The same convention as `keras.layers.MultiHeadAttention`.
 
-    >>> causal_mask(3, 4).shape
+    >>> tuple(causal_mask(3, 4).shape)
     (1, 3, 4)
     """
     rows, cols = _positions(num_queries, num_keys)
@@ -79,7 +79,7 @@ def causal_mask(num_queries, num_keys):
 def local_window_mask(num_queries, num_keys, window):
     """Band mask `(1, T, S)`: query `i` sees key `j` iff `|i - j| < window`.
 
-    >>> local_window_mask(5, 5, 2).shape
+    >>> tuple(local_window_mask(5, 5, 2).shape)
     (1, 5, 5)
     """
     rows, cols = _positions(num_queries, num_keys)

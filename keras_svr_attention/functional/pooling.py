@@ -104,15 +104,18 @@ def pool_sequence(x, factor, num_prefix_tokens=0, valid=None):
     return ops.cast(pooled, out_dtype), counts
 
 
-def pool_mask(mask, factor, num_prefix_tokens=0):
+def pool_mask(mask, factor, num_prefix_tokens=0, pending=None):
     """Mask of the pooled keys (SPEC.md section 6).
 
     Query i sees window w when w holds at least one valid token and i may
-    see every valid token of w. A key is valid when some query may see it.
+    see every valid token of w. A key is valid when some query may see it,
+    or when it is `pending`: a cache slot that later tokens will fill, so a
+    window that reaches past the current tokens is not complete yet.
 
     Args:
         mask: boolean `(B|1, T|1, S)` with every constraint merged in
             (padding, causal, sparse).
+        pending: `(B|1, S)` boolean keys still to come, or None.
 
     Returns:
         `(pooled_mask, valid)`: `(B|1, T|1, S')` boolean and the `(B|1, S)`
@@ -120,6 +123,8 @@ def pool_mask(mask, factor, num_prefix_tokens=0):
     """
     dtype = "float32"
     valid = masks_lib.valid_keys(mask)
+    if pending is not None:
+        valid = ops.logical_or(valid, ops.expand_dims(pending, 1))
     blocked = ops.cast(ops.logical_and(valid, ops.logical_not(mask)), dtype)
     num_blocked = window_sum(blocked, factor, num_prefix_tokens, axis=2)
     num_valid = window_sum(
@@ -288,6 +293,7 @@ def plan_head_groups(
     key_mask=None,
     causal=False,
     kernel="softmax",
+    pending=None,
 ):
     """Plans every head group of an SVR attention call (SPEC.md sections 3, 6).
 
@@ -308,6 +314,10 @@ def plan_head_groups(
             `(B|1, 1, S)` only.
         causal: bool. Query i sees only keys j <= i.
         kernel: "softmax" or "linear".
+        pending: `(B|1, S)` boolean cache slots not written yet (cached
+            decoding), or None. They count as valid keys that no current
+            query sees, so a window reaching into them is incomplete: the
+            same windows as in the full causal forward.
 
     Returns:
         A list of `HeadGroup`, one per distinct factor.
@@ -349,7 +359,7 @@ def plan_head_groups(
             plan.append(HeadGroup(1, heads, mask=mask, causal=causal))
             continue
         if full_mask is not None:
-            group_mask, group_valid = pool_mask(full_mask, factor, p)
+            group_mask, group_valid = pool_mask(full_mask, factor, p, pending)
         else:
             group_mask, group_valid = None, valid
         counts = window_counts(group_valid, factor, p, num_keys)

@@ -140,14 +140,17 @@ def available():
     return sorted(set(names) - {"softmax+bn"})
 
 
-def get(attention, num_heads, key_dim, **kwargs):
-    """Builds the attention named `attention`, e.g. "bn+sh", "linear+bn".
+def options_for(attention, num_heads, check_only=False, **kwargs):
+    """`SVRAttention` options of the attention named `attention`.
 
     A name is a kernel ("softmax", the default, "linear" or "sparse") joined
     by "+" with "bn" (beta, default 1.0) and/or "sh" (head_factors, default
-    2^(h // 2)). `kwargs` go to `SVRAttention`; a `beta` or `head_factors`
-    of None keeps the default, and options that the name turns off are
-    dropped. Raises `ValueError` for an unknown name.
+    2^(h // 2) for `num_heads` heads). `kwargs` are further options; a
+    `beta` or `head_factors` of None keeps the default, and options that the
+    name turns off are dropped. Raises `ValueError` for an unknown name.
+
+    >>> options_for("bn+sh", 4)
+    {'beta': 1.0, 'head_factors': [1, 1, 2, 2]}
     """
     parts = str(attention).lower().replace("-", "+").split("+")
     kernel = parts[0] if parts[0] in _KERNEL_NAMES else "softmax"
@@ -161,6 +164,8 @@ def get(attention, num_heads, key_dim, **kwargs):
             f"`attention` must be one of {available()}. Received: "
             f"attention={attention!r}"
         )
+    if check_only:
+        return None
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     if "bn" in extras:
         kwargs.setdefault("beta", 1.0)
@@ -170,5 +175,17 @@ def get(attention, num_heads, key_dim, **kwargs):
         kwargs.setdefault("head_factors", default_head_factors(num_heads))
     else:
         kwargs.pop("head_factors", None)
-    options = {**_KERNEL_NAMES[kernel], **kwargs}
+    return {**_KERNEL_NAMES[kernel], **kwargs}
+
+
+def get(attention, num_heads, key_dim, **kwargs):
+    """Builds the attention named `attention`, e.g. "bn+sh", "linear+bn".
+
+    See `options_for` for the names and how `kwargs` combine with them.
+    Raises `ValueError` for an unknown name.
+
+    >>> get("bn+sh", num_heads=4, key_dim=8).head_factors
+    (1, 1, 2, 2)
+    """
+    options = options_for(attention, num_heads, **kwargs)
     return SVRAttention(num_heads=num_heads, key_dim=key_dim, **options)

@@ -135,10 +135,20 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             `MultiHeadAttention`); for pooled heads a window's weight is spread
             evenly over its valid tokens, so scores @ values is the output.
         training: bool. Dropout on or off.
-        use_causal_mask: bool. Query i sees only keys j <= i.
+        use_causal_mask: bool. Query i sees only keys j <= i (with a
+            cache: j <= cache_update_index + i).
+        cache: `(B, 2, S, N, key_dim)` or None. Projected keys and values
+            per position, KerasHub's `CachedMultiHeadAttention` contract
+            for autoregressive decoding (softmax kernel). SH heads pool the
+            cached keys; a window that reaches past the new tokens is not
+            seen yet, so decoding token by token gives what the full causal
+            forward gives.
+        cache_update_index: int or int tensor, or None. Where the new keys
+            and values are written into `cache`; None reads it unchanged.
 
     Returns:
-        `(B, T, dim_out)`, and the scores if asked.
+        `(B, T, dim_out)`, then the scores if asked, then the updated cache
+        if a cache was given.
 
     Example:
 
@@ -373,6 +383,8 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         return_attention_scores=False,
         training=None,
         use_causal_mask=False,
+        cache=None,
+        cache_update_index=None,
     ):
         if return_attention_scores and self._flash_attention:
             raise ValueError(
@@ -382,15 +394,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             )
         key_is_value = key is None or key is value
         key = value if key is None else key
-        num_queries, num_keys = query.shape[1], value.shape[1]
-        self._check_prefix(num_keys)
         key_mask = None if key_is_value else key_mask
-        attention_mask = self._standardize_attention_mask(
-            attention_mask, query.shape[0], num_queries, num_keys
-        )
-        constraints = self._key_constraints(
-            value_mask, key_mask, attention_mask, num_queries, num_keys
-        )
         # Fresh tensors: the masks are consumed here, and a sublayer given a
         # tensor with a Keras mask attached warns that it drops it.
         if query_mask is not None:
@@ -400,20 +404,48 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             key = value if key_is_value else ops.copy(key)
 
         gate = self._gate_dense(query) if self._use_gate else None
+        num_queries = query.shape[1]
         query = self._convolve(
             self._query_dense(query), "query", use_causal_mask
         )
-        key = self._key_dense(key)
-        value = self._value_dense(value)
+        pending = None
+        if cache is None:
+            if cache_update_index is not None:
+                raise ValueError(
+                    "`cache_update_index` needs a `cache`. Received: "
+                    f"cache=None, cache_update_index={cache_update_index!r}"
+                )
+            key = self._key_dense(key)
+            value = self._value_dense(value)
+        else:
+            key, value, cache, attention_mask, pending = self._use_cache(
+                cache,
+                cache_update_index,
+                key,
+                value,
+                num_queries,
+                attention_mask,
+                use_causal_mask,
+                value_mask is not None or key_mask is not None,
+            )
+            use_causal_mask = False  # merged into attention_mask
+        num_keys = value.shape[1]
+        self._check_prefix(num_keys)
+        attention_mask = self._standardize_attention_mask(
+            attention_mask, query.shape[0], num_queries, num_keys
+        )
         plan = pooling.plan_head_groups(
             self._head_factors,
             self._num_prefix_tokens,
             num_queries,
             num_keys,
             query_mask=query_mask,
-            key_mask=constraints,
+            key_mask=self._key_constraints(
+                value_mask, key_mask, attention_mask, num_queries, num_keys
+            ),
             causal=use_causal_mask,
             kernel=self._kernel,
+            pending=pending,
         )
         outputs, scores = [], []
         for group in plan:
@@ -440,9 +472,68 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         if gate is not None:
             output = ops.multiply(output, gate)
         output = self._output_dense(output)
+        results = (output,)
         if return_attention_scores:
-            return output, scores
-        return output
+            results += (scores,)
+        if cache is not None:
+            results += (cache,)
+        return results[0] if len(results) == 1 else results
+
+    def _use_cache(
+        self,
+        cache,
+        index,
+        key,
+        value,
+        num_queries,
+        attention_mask,
+        causal,
+        has_padding,
+    ):
+        """KerasHub's `CachedMultiHeadAttention` contract.
+
+        `cache` `(B, 2, S, N, D)` holds projected keys and values per
+        position. With `index`, the new keys and values are projected and
+        written at `index`, and query t stands at position `index + t`;
+        without, the cache is read as is. Returns the keys, values and
+        cache, the attention mask (with the causal mask at that offset),
+        and the `(1, S)` pending slots (positions after the new tokens).
+        """
+        if self._kernel == "linear" or self._conv_kernel_size:
+            raise ValueError(
+                "`cache` needs kernel='softmax' and no `conv_kernel_size`. "
+                f"Received: kernel={self._kernel!r}, "
+                f"conv_kernel_size={self._conv_kernel_size!r}"
+            )
+        if has_padding:
+            raise ValueError(
+                "`value_mask` and `key_mask` cannot combine with `cache`: "
+                "give the padding of the cached positions in "
+                "`attention_mask` of shape (B, T, S)."
+            )
+        key_cache, value_cache = cache[:, 0], cache[:, 1]
+        if index is None:
+            key, value = key_cache, value_cache
+        else:
+            start = [0, index, 0, 0]
+            key = ops.slice_update(key_cache, start, self._key_dense(key))
+            value = ops.slice_update(
+                value_cache, start, self._value_dense(value)
+            )
+            cache = ops.stack((key, value), axis=1)
+        num_keys = key.shape[1]
+        pending = None
+        if index is not None:
+            positions = ops.arange(num_keys, dtype="int32")[None]
+            pending = positions >= ops.cast(index, "int32") + num_queries
+        if causal:
+            offset = 0 if index is None else index
+            rows = ops.arange(num_queries, dtype="int32")[:, None] + offset
+            cols = ops.arange(num_keys, dtype="int32")[None]
+            attention_mask = masks_lib.merge_masks(
+                attention_mask, ops.expand_dims(cols <= rows, 0)
+            )
+        return key, value, cache, attention_mask, pending
 
     def _attend_group(
         self, group, query, key, value, training, return_scores, causal
@@ -627,20 +718,25 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         return_attention_scores=False,
         training=None,
         use_causal_mask=False,
+        cache=None,
+        cache_update_index=None,
     ):
         output_shape = self.compute_output_shape(
             query.shape, value.shape, None if key is None else key.shape
         )
-        output = keras.KerasTensor(output_shape, dtype=self.compute_dtype)
-        if not return_attention_scores:
-            return output
-        scores_shape = (
-            query.shape[0],
-            self._num_heads,
-            query.shape[1],
-            value.shape[1],
-        )
-        return output, keras.KerasTensor(scores_shape, dtype=self.compute_dtype)
+        results = (keras.KerasTensor(output_shape, dtype=self.compute_dtype),)
+        if return_attention_scores:
+            num_keys = value.shape[1] if cache is None else cache.shape[2]
+            scores_shape = (
+                query.shape[0],
+                self._num_heads,
+                query.shape[1],
+                num_keys,
+            )
+            results += (keras.KerasTensor(scores_shape, self.compute_dtype),)
+        if cache is not None:
+            results += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
+        return results[0] if len(results) == 1 else results
 
     def get_config(self):
         config = super().get_config()
