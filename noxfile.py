@@ -24,10 +24,14 @@ BACKEND_PINS = {
 WHEELS = "/opt/wheels"
 
 
-def _install(session, backend, extras):
+def _install(session, backend, extras, hub=False):
     find_links = ["--find-links", WHEELS] if os.path.isdir(WHEELS) else []
     session.install(*find_links, *BACKEND_PINS[backend])
     session.install(*find_links, "-e", f".[{extras}]")
+    if hub:
+        # keras-hub's metadata pulls tensorflow-text and with it TensorFlow;
+        # its runtime needs only the `[hub]` extra (installed above).
+        session.install("--no-deps", "keras-hub")
 
 
 def _env(backend, session=None):
@@ -64,7 +68,7 @@ def lint(session):
 @nox.session
 @nox.parametrize("backend", BACKENDS)
 def tests(session, backend):
-    _install(session, backend, "test")
+    _install(session, backend, "test,hub", hub=True)
     # Two workers: one per core of the CI machine.
     session.run(
         "pytest", "-q", "-n", "2", *session.posargs, env=_env(backend, session)

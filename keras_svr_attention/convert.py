@@ -37,8 +37,11 @@ def _honoured(layer):
 
 
 def _looks_like_attention(layer):
+    """MultiHeadAttention and its subclasses, and other attention layers by
+    their class name (GroupedQueryAttention, KerasHub's model-specific
+    attentions), so that those are named rather than silently kept."""
     return isinstance(layer, keras.layers.MultiHeadAttention) or (
-        "Attention" in type(layer).__name__
+        type(layer).__name__.endswith("Attention")
         and not isinstance(layer, keras.Model)
     )
 
@@ -69,10 +72,13 @@ def _svr_config(layer, attention, options):
         )
         merged = {**config, **svr_options}
         SVRAttention.from_config(merged)  # every check, nothing built
-    except ValueError as error:
+    except (ValueError, TypeError) as error:
+        # from_config wraps the layer's ValueError in a TypeError.
+        cause = error.__context__ if isinstance(error, TypeError) else error
         raise ValueError(
             f"Cannot convert layer {layer.name!r} "
-            f"({type(layer).__name__}) to attention={attention!r}: {error}"
+            f"({type(layer).__name__}) to attention={attention!r}: "
+            f"{cause or error}"
         ) from None
     return merged
 
@@ -170,7 +176,15 @@ def replace_attention(
     by_name = {layer.name: configs[id(layer)] for layer, _ in convertible}
     serialized = keras.saving.serialize_keras_object(model)
     _rewrite_config(serialized, by_name)
-    new = keras.saving.deserialize_keras_object(serialized)
+    # The model's own classes, registered or not, rebuild its copy.
+    classes = {
+        type(layer).__name__: type(layer)
+        for layer in model._flatten_layers(include_self=True)
+    }
+    classes[_SVR_NAME] = SVRAttention
+    new = keras.saving.deserialize_keras_object(
+        serialized, custom_objects=classes
+    )
     # 2. Layers created inside other layers (KerasHub's TransformerEncoder)
     #    are swapped on the built copy, in place.
     old_layers = list(model._flatten_layers(include_self=False))
@@ -216,16 +230,29 @@ def _swap_attributes(new_model, old_layers, configs):
         replacement = SVRAttention.from_config(configs[id(old)])
         shapes = current.get_build_config()["shapes_dict"]
         replacement.build(**shapes)
-        index = owner._layers.index(current)
+        index = [id(sub) for sub in owner._layers].index(id(current))
+        # Keras offers no public way to swap a built layer's sublayer: open
+        # its tracker, untrack the old layer, track the new one at the same
+        # place, close it again.
+        tracker = owner._tracker
+        locked = tracker.locked
+        tracker.unlock()
+        tracker.untrack(current)
         setattr(owner, name, replacement)
-        owner._layers.remove(replacement)
-        owner._layers[index] = replacement
+        owner._layers.insert(index, owner._layers.pop())
+        if locked:
+            tracker.lock()
 
 
 def _owner_of(model, target):
     for layer in model._flatten_layers(include_self=True):
-        for name, value in vars(layer).items():
-            if value is target and target in layer._layers:
+        if not any(sub is target for sub in layer._layers):
+            continue
+        # Attributes live in __dict__, or in torch's module registry when
+        # the backend's layers are torch modules.
+        attributes = {**vars(layer), **(vars(layer).get("_modules") or {})}
+        for name, value in attributes.items():
+            if value is target:
                 return layer, name
     raise ValueError(
         f"Cannot find the layer that holds attention {target.name!r}."
