@@ -95,6 +95,16 @@ def examples(session, backend):
     session.run("python", ts, "--smoke", "--output", f"{tmp}/ts", env=env)
     session.run(
         "python",
+        "examples/convert_pretrained.py",
+        "--smoke",
+        "--model",
+        f"{tmp}/ts/softmax_seed0.keras",
+        "--output",
+        f"{tmp}/convert",
+        env=env,
+    )
+    session.run(
+        "python",
         image,
         "--smoke",
         "--augment",

@@ -145,6 +145,10 @@ def run_comparison(
                     "history": history.history,
                 }
             )
+            # The trained model, for examples/convert_pretrained.py.
+            model.save(
+                os.path.join(output_dir, f"{_slug(name)}_seed{seed}.keras")
+            )
             if seed == 0:
                 plots.plot_attention_maps(
                     maps,

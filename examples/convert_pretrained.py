@@ -1,0 +1,185 @@
+"""Converts a trained softmax model to Attention-BN, -SH and -BN+SH.
+
+Loads a trained `.keras` model (by default the softmax time-series
+classifier that `timeseries_classification.py` saves), replaces every
+MultiHeadAttention with `keras_svr_attention.replace_attention`, keeping the
+weights, and reports test accuracy right after conversion and after a short
+fine-tune, as a table (results.md / results.json) and a plot.
+
+    KERAS_BACKEND=jax python examples/timeseries_classification.py
+    KERAS_BACKEND=jax python examples/convert_pretrained.py
+
+Offline: the data is UEA JapaneseVowels from the copy inside aeon.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+DEFAULT_MODEL = "runs/timeseries/softmax_seed0.keras"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="a trained .keras classifier of the time-series example",
+    )
+    p.add_argument(
+        "--dataset",
+        default="JapaneseVowels",
+        help="the UEA set the model was trained on (aeon name)",
+    )
+    p.add_argument(
+        "--attention",
+        default="bn,sh,bn+sh",
+        help="comma-separated names to convert to (see ksa.get)",
+    )
+    p.add_argument("--beta", type=float, default=0.6, help="BN's beta")
+    p.add_argument(
+        "--head-factors",
+        default=None,
+        help="comma-separated pooling factors, one per head "
+        "(default 2^(h // 2))",
+    )
+    p.add_argument("--epochs", type=int, default=5, help="fine-tuning epochs")
+    p.add_argument(
+        "--learning-rate", type=float, default=3e-4, help="fine-tuning rate"
+    )
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--output", default="runs/convert")
+    p.add_argument(
+        "--smoke", action="store_true", help="1 epoch on a few samples"
+    )
+    args = p.parse_args(argv)
+    if not os.path.exists(args.model):
+        p.error(
+            f"--model {args.model} does not exist: train it first with "
+            "examples/timeseries_classification.py (it saves "
+            f"{DEFAULT_MODEL}), or give a .keras file"
+        )
+    try:
+        args.head_factors = (
+            None
+            if args.head_factors is None
+            else [int(f) for f in args.head_factors.split(",")]
+        )
+    except ValueError:
+        p.error(f"--head-factors must be integers: {args.head_factors}")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)  # before Keras: --help needs no backend
+    import keras
+    import numpy as np
+
+    import keras_svr_attention as ksa
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from timeseries_classification import load_uea
+
+    train, test, _ = load_uea(args.dataset)
+    if args.smoke:
+        args.epochs = 1
+        train = tuple(a[:64] for a in train)
+        test = tuple(a[:64] for a in test)
+    original = keras.saving.load_model(args.model)
+    length = original.inputs[0].shape[1]
+    if train[0].shape[1] != length:
+        # The saved model fixes the padded length; pad or cut to it.
+        def fit(x):
+            width = [(0, 0), (0, max(length - x.shape[1], 0))]
+            width += [(0, 0)] * (x.ndim - 2)
+            return np.pad(x, width)[:, :length]
+
+        train = (fit(train[0]), fit(train[1]), train[2])
+        test = (fit(test[0]), fit(test[1]), test[2])
+
+    def accuracy(model):
+        logits = model.predict([test[0], test[1]], verbose=0)
+        return 100 * float(np.mean(logits.argmax(-1) == test[2]))
+
+    rows = [
+        {"attention": "softmax (original)", "converted": accuracy(original)}
+    ]
+    rows[0]["fine_tuned"] = rows[0]["converted"]
+    for name in args.attention.split(","):
+        model = ksa.replace_attention(
+            original, name, beta=args.beta, head_factors=args.head_factors
+        )
+        row = {"attention": name, "converted": accuracy(model)}
+        model.compile(
+            optimizer=keras.optimizers.AdamW(args.learning_rate),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        model.fit(
+            [train[0], train[1]],
+            train[2],
+            batch_size=args.batch_size,
+            epochs=args.epochs,
+            verbose=2,
+        )
+        row["fine_tuned"] = accuracy(model)
+        rows.append(row)
+        print(
+            f"{name}: {row['converted']:.2f} % right after conversion, "
+            f"{row['fine_tuned']:.2f} % after {args.epochs} epochs"
+        )
+    write(rows, args)
+
+
+def write(rows, args):
+    import matplotlib
+    import numpy as np
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(args.output, exist_ok=True)
+    lines = [
+        "| attention | test accuracy %, converted | "
+        f"after {args.epochs} fine-tuning epochs |",
+        "|---|---|---|",
+    ]
+    lines += [
+        f"| {r['attention']} | {r['converted']:.2f} | {r['fine_tuned']:.2f} |"
+        for r in rows
+    ]
+    table = "\n".join(lines)
+    print(table)
+    with open(os.path.join(args.output, "results.md"), "w") as f:
+        f.write(table + "\n")
+    with open(os.path.join(args.output, "results.json"), "w") as f:
+        json.dump({"args": vars(args), "rows": rows}, f, indent=2)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    names = [r["attention"] for r in rows]
+    positions = np.arange(len(rows))
+    ax.bar(
+        positions - 0.2,
+        [r["converted"] for r in rows],
+        0.4,
+        label="right after conversion",
+    )
+    ax.bar(
+        positions + 0.2,
+        [r["fine_tuned"] for r in rows],
+        0.4,
+        label=f"after {args.epochs} fine-tuning epochs",
+    )
+    ax.set_xticks(positions, names)
+    ax.set_ylabel("test accuracy %")
+    ax.set_title(f"Converting a trained softmax model ({args.dataset})")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.output, "conversion.png"), dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
