@@ -4,7 +4,9 @@ Forward and forward+backward of one attention layer (self-attention, the
 LRA shape: width 64, 2 heads, SH factors [1, 2]) on the active backend,
 compiled where the backend compiles (jax.jit, tf.function with XLA, eager
 torch). Repeats are interleaved across variants and the median ratio to
-MultiHeadAttention is reported, so machine noise hits every variant alike.
+MultiHeadAttention is reported, so machine noise hits every variant alike;
+the order rotates every repeat, and a second MultiHeadAttention ("mha-copy")
+is timed as a control.
 
     KERAS_BACKEND=torch python benchmarks/speed.py --output benchmarks/results
 """
@@ -21,11 +23,22 @@ import numpy as np
 import keras_svr_attention as ksa
 
 BACKEND = keras.config.backend()
-VARIANTS = ["mha", "softmax", "bn", "sh", "bn+sh", "linear", "linear+bn+sh"]
+# "mha-copy" is a second MultiHeadAttention: a control whose ratio shows
+# the benchmark's own noise and order effects.
+VARIANTS = [
+    "mha",
+    "mha-copy",
+    "softmax",
+    "bn",
+    "sh",
+    "bn+sh",
+    "linear",
+    "linear+bn+sh",
+]
 
 
 def make_layer(variant, width, num_heads, factors):
-    if variant == "mha":
+    if variant.startswith("mha"):
         return keras.layers.MultiHeadAttention(num_heads, width // num_heads)
     return ksa.get(variant, num_heads, width // num_heads, head_factors=factors)
 
@@ -102,8 +115,11 @@ def main(argv=None):
                 fns[variant] = compiled(layer, x, args.causal, backward)
                 fns[variant]()  # compile and warm up
             times = {v: [] for v in VARIANTS}
-            for _ in range(args.repeats):
-                for variant in VARIANTS:  # interleaved
+            for repeat in range(args.repeats):
+                # Interleaved, and in a rotated order each repeat, so that
+                # no variant always runs first (or right after another).
+                shift = repeat % len(VARIANTS)
+                for variant in VARIANTS[shift:] + VARIANTS[:shift]:
                     start = time.perf_counter()
                     fns[variant]()
                     times[variant].append(time.perf_counter() - start)

@@ -256,10 +256,6 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         return self._num_prefix_tokens
 
     @property
-    def kernel(self):
-        return self._kernel
-
-    @property
     def uses_bn(self):
         """Whether queries are recentered (beta, learn_beta or standardize)."""
         return bool(self._beta) or self._learn_beta or self._standardize

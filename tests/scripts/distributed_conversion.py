@@ -10,8 +10,6 @@ import numpy as np
 
 import keras_svr_attention as ksa
 
-assert len(keras.distribution.list_devices()) == 2, "needs 2 devices"
-
 
 def build_model():
     inputs = keras.Input((12, 16))
@@ -33,40 +31,46 @@ def layout_map(mesh):
     return layout
 
 
-x = np.random.default_rng(0).normal(size=(4, 12, 16)).astype("float32")
-keras.utils.set_random_seed(0)
-single = build_model()
-weights = single.get_weights()
-expected = {
-    name: keras.ops.convert_to_numpy(
-        ksa.replace_attention(single, name, head_factors=[1, 1, 2, 4])(x)
-    )
-    for name in ("bn", "bn+sh")
-}
-
-mesh = keras.distribution.DeviceMesh((1, 2), ("batch", "model"))
-parallel = keras.distribution.ModelParallel(
-    layout_map=layout_map(mesh), batch_dim_name="batch"
-)
-with parallel.scope():
-    sharded = build_model()
-    sharded.set_weights(weights)
-    for name in ("bn", "bn+sh"):
-        converted = ksa.replace_attention(
-            sharded, name, head_factors=[1, 1, 2, 4]
+def main():
+    assert len(keras.distribution.list_devices()) == 2, "needs 2 devices"
+    x = np.random.default_rng(0).normal(size=(4, 12, 16)).astype("float32")
+    keras.utils.set_random_seed(0)
+    single = build_model()
+    weights = single.get_weights()
+    expected = {
+        name: keras.ops.convert_to_numpy(
+            ksa.replace_attention(single, name, head_factors=[1, 1, 2, 4])(x)
         )
-        kernel = converted.get_layer("attention_0").query_dense.kernel
-        spec = str(kernel.value.sharding.spec)
-        got = keras.ops.convert_to_numpy(converted(x))
-        print(f"model_parallel/{name} {np.abs(got - expected[name]).max()}")
-        print(f"sharding/{name} {spec.replace(' ', '')}")
+        for name in ("bn", "bn+sh")
+    }
 
-data = keras.distribution.DataParallel()
-with data.scope():
-    replicated = build_model()
-    replicated.set_weights(weights)
-    converted = ksa.replace_attention(
-        replicated, "bn+sh", head_factors=[1, 1, 2, 4]
+    mesh = keras.distribution.DeviceMesh((1, 2), ("batch", "model"))
+    parallel = keras.distribution.ModelParallel(
+        layout_map=layout_map(mesh), batch_dim_name="batch"
     )
-    got = keras.ops.convert_to_numpy(converted.predict(x, verbose=0))
-    print(f"data_parallel/bn+sh {np.abs(got - expected['bn+sh']).max()}")
+    with parallel.scope():
+        sharded = build_model()
+        sharded.set_weights(weights)
+        for name in ("bn", "bn+sh"):
+            converted = ksa.replace_attention(
+                sharded, name, head_factors=[1, 1, 2, 4]
+            )
+            kernel = converted.get_layer("attention_0").query_dense.kernel
+            spec = str(kernel.value.sharding.spec)
+            got = keras.ops.convert_to_numpy(converted(x))
+            print(f"model_parallel/{name} {np.abs(got - expected[name]).max()}")
+            print(f"sharding/{name} {spec.replace(' ', '')}")
+
+    data = keras.distribution.DataParallel()
+    with data.scope():
+        replicated = build_model()
+        replicated.set_weights(weights)
+        converted = ksa.replace_attention(
+            replicated, "bn+sh", head_factors=[1, 1, 2, 4]
+        )
+        got = keras.ops.convert_to_numpy(converted.predict(x, verbose=0))
+        print(f"data_parallel/bn+sh {np.abs(got - expected['bn+sh']).max()}")
+
+
+if __name__ == "__main__":
+    main()
