@@ -151,14 +151,15 @@ def _masks(kind, kernel, length, rng):
     return kwargs, prefix, full
 
 
-# Every example compiles new shapes on JAX (eager JAX compiles each op per
-# shape), so JAX draws fewer in the default matrix; `nox -s slow` sets
+# 40 examples take seconds on TensorFlow and torch. On JAX every example
+# compiles new shapes (eager JAX compiles each op per shape): a minute, so
+# there the test runs in `nox -s slow` only. That session sets
 # SVR_FUZZ_EXAMPLES to draw many more on every backend.
-EXAMPLES = int(
-    os.environ.get("SVR_FUZZ_EXAMPLES", 12 if BACKEND == "jax" else 40)
-)
+EXAMPLES = int(os.environ.get("SVR_FUZZ_EXAMPLES", 40))
+slow_on_jax = pytest.mark.slow if BACKEND == "jax" else pytest.mark.fast
 
 
+@slow_on_jax
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
