@@ -1,5 +1,6 @@
 """SVRAttention on Keras's own machinery: quantization, LoRA, gates, sliding
-windows, rank-2 masks, flash attention, dtype policies.
+windows, rank-2 masks, flash attention, constraints and regularizers (mixed
+precision against float32: tests/test_layer_battery.py).
 
 Every mode goes through the projection sublayers' `call`, so whatever Keras
 does to an `EinsumDense` reaches every head group.
@@ -324,23 +325,3 @@ def test_constraints_and_regularizers_reach_every_projection():
     for dense in (layer.query_dense, layer.key_dense, layer.value_dense):
         assert isinstance(dense.kernel_constraint, keras.constraints.MaxNorm)
     assert len(layer.losses) == 4  # one l2 term per projection kernel
-
-
-@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
-@pytest.mark.parametrize("mode,kernel", KERNEL_MODES, ids=KERNEL_IDS)
-def test_mixed_precision_is_close_to_float32(mode, kernel, policy):
-    query, value, key = make_inputs()
-    options = dict(num_heads=N, key_dim=D, kernel=kernel, **MODES[mode])
-    full = ksa.SVRAttention(**options)
-    full(query, value, key)
-    random_weights(full)
-    want = full(query, value, key, use_causal_mask=True)
-    mixed = ksa.SVRAttention(dtype=policy, **options)
-    mixed(query, value, key)
-    mixed.set_weights(full.get_weights())
-    got = mixed(query, value, key, use_causal_mask=True)
-    assert keras.backend.standardize_dtype(got.dtype) == policy[6:]
-    # float16 keeps 11 significant bits, bfloat16 8: relative error of the
-    # whole layer (four projections and the kernel in low precision).
-    tolerance = 1e-2 if policy == "mixed_float16" else 5e-2
-    assert _relative_rms(got, want) < tolerance

@@ -12,6 +12,7 @@ from keras import ops
 import keras_svr_attention as ksa
 from tests.testing import BACKEND
 from tests.testing import assert_allclose
+from tests.testing import random_weights
 
 T, F = 9, 8
 LAYERS = {
@@ -115,26 +116,37 @@ def test_layer_torch_eager(name):
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_layer_mixed_precision(name, policy):
-    keras.config.set_dtype_policy(policy)
-    layer = LAYERS[name]()
+    """Outputs and scores under a mixed policy against the float32 layer with
+    the same weights, at a relative RMS error of 1e-2 (float16: 11
+    significant bits) or 5e-2 (bfloat16: 8), through four projections and
+    the kernel in low precision."""
     (x, mask), _ = _data()
     mask[0] = False  # a sample that sees nothing: zeros, not NaN
-    for scores in (False, True):
-        out = layer(
-            x,
-            x,
-            value_mask=mask,
-            use_causal_mask=name != "conv2d",
-            return_attention_scores=scores,
+    full = LAYERS[name]()
+    full(x, x)
+    random_weights(full)
+    keras.config.set_dtype_policy(policy)
+    layer = LAYERS[name]()
+    layer(x, x)
+    layer.set_weights(full.get_weights())
+    tolerance = 1e-2 if policy == "mixed_float16" else 5e-2
+    kwargs = dict(
+        value_mask=mask,
+        use_causal_mask=name != "conv2d",
+        return_attention_scores=True,
+    )
+    pairs = zip(layer(x, x, **kwargs), full(x, x, **kwargs), strict=True)
+    for got, want in pairs:
+        assert keras.backend.standardize_dtype(got.dtype) == (
+            layer.compute_dtype
         )
-        outs = out if scores else (out,)
-        for t in outs:
-            assert keras.backend.standardize_dtype(t.dtype) == (
-                layer.compute_dtype
-            )
-            assert np.isfinite(
-                ops.convert_to_numpy(ops.cast(t, "float32"))
-            ).all()
+        got = ops.convert_to_numpy(ops.cast(got, "float32")).astype("float64")
+        want = ops.convert_to_numpy(want).astype("float64")
+        assert np.isfinite(got).all()
+        error = np.sqrt(np.mean((got - want) ** 2) / np.mean(want**2))
+        assert error < tolerance, error
+        if got.ndim == 4:  # the scores of the sample that sees nothing
+            np.testing.assert_array_equal(got[0], 0.0)
     for w in layer.weights:
         assert keras.backend.standardize_dtype(w.dtype) == "float32"
 
