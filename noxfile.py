@@ -133,7 +133,7 @@ def examples(session, backend):
             silent=True,
         )
         print(log)
-        if "data parallel over 2 devices" not in log:
+        if log is not None and "data parallel over 2 devices" not in log:
             session.error("--data-parallel did not use two devices")
     if backend == "tensorflow":
         session.install("keras-cv")
