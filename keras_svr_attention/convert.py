@@ -271,4 +271,6 @@ def _copy_weights(old_layers, new_layers):
                 f"converted copy {new.name!r} has {len(new_vars)}."
             )
         for source, target in zip(old_vars, new_vars, strict=False):
-            target.assign(source.value)
+            # A copy, not the same buffer: JAX's fit donates the converted
+            # model's buffers, which must not take the original's with them.
+            target.assign(keras.ops.copy(source.value))

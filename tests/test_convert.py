@@ -143,6 +143,18 @@ def test_conversion_equals_the_layer_built_by_hand(kind, mode):
     assert np.abs(ops.convert_to_numpy(new(x) - model(x))).max() > 1e-4
 
 
+def test_training_the_converted_model_leaves_the_original_intact():
+    model = _functional()
+    x = _data()
+    want = model(x)
+    new = ksa.replace_attention(model, "bn+sh", head_factors=[1, 1, 2, 4])
+    new.compile(optimizer="sgd", loss="mse")
+    new.fit(x, np.zeros((2, LENGTH, 3), "float32"), epochs=2, verbose=0)
+    assert_allclose(model(x), want, 0, 0)
+    again = ksa.replace_attention(model, "softmax")  # still convertible
+    assert_allclose(again(x), want, 1e-6, 1e-6)
+
+
 def test_conversion_keeps_the_dtype_policy():
     model = _functional(dtype="mixed_bfloat16")
     new = ksa.replace_attention(model, "bn+sh", head_factors=[1, 1, 2, 4])
