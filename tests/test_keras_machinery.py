@@ -325,3 +325,31 @@ def test_constraints_and_regularizers_reach_every_projection():
     for dense in (layer.query_dense, layer.key_dense, layer.value_dense):
         assert isinstance(dense.kernel_constraint, keras.constraints.MaxNorm)
     assert len(layer.losses) == 4  # one l2 term per projection kernel
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="reads the traced JAX program")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_options_off_traces_the_same_program_as_mha(causal):
+    # With every option off the layer adds nothing to MultiHeadAttention's
+    # computation: the traced training step has the same operations.
+    import jax
+
+    x = np.random.default_rng(0).normal(size=(2, 16, 8)).astype("float32")
+
+    def program(layer):
+        layer(x, x)
+        trainable = [v.value for v in layer.trainable_variables]
+        frozen = [v.value for v in layer.non_trainable_variables]
+
+        def loss(trainable):
+            out, _ = layer.stateless_call(
+                trainable, frozen, x, x, use_causal_mask=causal
+            )
+            return out.sum()
+
+        jaxpr = jax.make_jaxpr(jax.grad(loss))(trainable)
+        return [eqn.primitive.name for eqn in jaxpr.jaxpr.eqns]
+
+    mha = program(keras.layers.MultiHeadAttention(num_heads=2, key_dim=4))
+    svr = program(ksa.SVRAttention(num_heads=2, key_dim=4))
+    assert svr == mha
