@@ -66,10 +66,13 @@ def softmax_attention(
     # no fused kernel (its version is this same einsum math), and XLA
     # compiles its gradient for a single head as slowly as for two
     # (benchmarks/speed.py: SH training 1.4-1.8x MultiHeadAttention), so
-    # TensorFlow takes the explicit path too.
+    # TensorFlow takes the explicit path for one-head groups; groups of
+    # several heads take MultiHeadAttention's own call (same program).
     fused = query.shape[-1] == value.shape[-1]
     fused = fused and keras.backend.standardize_dtype(query.dtype) != "float64"
-    fused = fused and keras.config.backend() != "tensorflow"
+    fused = fused and (
+        keras.config.backend() != "tensorflow" or query.shape[2] != 1
+    )
     fused = fused and dropout is None and not return_scores
     if is_causal and (mask is not None or not fused):
         mask = masks_lib.merge_masks(

@@ -113,10 +113,13 @@ def key_moments(
         sums = [ops.einsum("bts,bsnd->btnd", weights, f) for f in feats]
     else:
         if weights is None:
-            weights = ops.ones((1, num_keys), dtype)
-        weights = ops.reshape(weights, (-1, num_keys, 1, 1))
-        count = ops.sum(weights, axis=1, keepdims=True)
-        sums = [ops.sum(f * weights, axis=1, keepdims=True) for f in feats]
+            # Every key seen: plain sums, no (B, S, N, D) product with ones.
+            count = ops.full((1, 1, 1, 1), num_keys, dtype)
+            sums = [ops.sum(f, axis=1, keepdims=True) for f in feats]
+        else:
+            weights = ops.reshape(weights, (-1, num_keys, 1, 1))
+            count = ops.sum(weights, axis=1, keepdims=True)
+            sums = [ops.sum(f * weights, axis=1, keepdims=True) for f in feats]
     seen = count > 0
     count = ops.maximum(count, 1.0)
     mean = sums[0] / count
