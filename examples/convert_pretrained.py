@@ -10,6 +10,12 @@ fine-tune, as a table (results.md / results.json) and a plot.
     KERAS_BACKEND=jax python examples/convert_pretrained.py
 
 Offline: the data is UEA JapaneseVowels from the copy inside aeon.
+
+`--preset NAME` converts a KerasHub text-classifier preset instead (for
+example bert_tiny_en_uncased_sst2; needs `pip install --no-deps keras-hub
+kagglehub` and a network to download it) and reports how often the
+converted model predicts what the original predicts on a few built-in
+sentences.
 """
 
 import argparse
@@ -29,6 +35,11 @@ def parse_args(argv=None):
         "--model",
         default=DEFAULT_MODEL,
         help="a trained .keras classifier of the time-series example",
+    )
+    p.add_argument(
+        "--preset",
+        default=None,
+        help="a KerasHub TextClassifier preset to convert instead of --model",
     )
     p.add_argument(
         "--dataset",
@@ -57,7 +68,7 @@ def parse_args(argv=None):
         "--smoke", action="store_true", help="1 epoch on a few samples"
     )
     args = p.parse_args(argv)
-    if not os.path.exists(args.model):
+    if args.preset is None and not os.path.exists(args.model):
         p.error(
             f"--model {args.model} does not exist: train it first with "
             "examples/timeseries_classification.py (it saves "
@@ -81,6 +92,8 @@ def main(argv=None):
 
     import keras_svr_attention as ksa
 
+    if args.preset is not None:
+        return convert_preset(args)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from timeseries_classification import load_uea
 
@@ -131,6 +144,62 @@ def main(argv=None):
             f"{name}: {row['converted']:.2f} % right after conversion, "
             f"{row['fine_tuned']:.2f} % after {args.epochs} epochs"
         )
+    write(rows, args)
+
+
+def fail(message):
+    """A one-line error and exit code 2, as argparse gives."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+SENTENCES = [
+    "a gripping, beautifully acted film",
+    "the plot drags and the jokes fall flat",
+    "one of the best movies of the year",
+    "i want those two hours of my life back",
+    "warm, funny and surprisingly moving",
+    "a dull, lifeless remake",
+    "the cast is wonderful and the score soars",
+    "confusing, loud and far too long",
+]
+
+
+def convert_preset(args):
+    """A KerasHub classifier preset: agreement with the original's
+    predictions right after conversion (no labelled data to fine-tune on)."""
+    import keras
+    import numpy as np
+
+    import keras_svr_attention as ksa
+
+    try:
+        import keras_hub
+    except ImportError:
+        fail("--preset needs keras-hub: pip install --no-deps keras-hub")
+    try:
+        original = keras_hub.models.TextClassifier.from_preset(args.preset)
+    except Exception as e:  # no network, unknown name, missing extra
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        fail(
+            f"cannot load KerasHub preset {args.preset!r} (it is "
+            f"downloaded; offline?): {message}"
+        )
+    want = keras.ops.convert_to_numpy(original.predict(SENTENCES, verbose=0))
+    rows = [{"attention": "softmax (original)", "converted": 100.0}]
+    rows[0]["fine_tuned"] = float("nan")
+    for name in args.attention.split(","):
+        model = ksa.replace_attention(
+            original, name, beta=args.beta, head_factors=args.head_factors
+        )
+        got = keras.ops.convert_to_numpy(model.predict(SENTENCES, verbose=0))
+        agree = 100 * float(np.mean(got.argmax(-1) == want.argmax(-1)))
+        rows.append(
+            {"attention": name, "converted": agree, "fine_tuned": float("nan")}
+        )
+        print(f"{name}: predicts what the original does on {agree:.0f} %")
+    args.epochs = 0
+    args.dataset = f"{args.preset}, agreement with the original %"
     write(rows, args)
 
 
