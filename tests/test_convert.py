@@ -106,39 +106,46 @@ def test_softmax_conversion_computes_what_the_model_did(kind):
     assert_allclose(model(x), want, 0, 0)
 
 
+CONVERSIONS = {
+    "bn": {"beta": 0.8},
+    "bn-std": {"beta": 0.6, "standardize": True},
+    "sh": {},
+    "bn+sh": {"beta": 1.0},
+}
+
+
 @pytest.mark.parametrize("kind", list(BUILDERS))
-@pytest.mark.parametrize("mode", ["bn", "sh", "bn+sh", "bn-std+sh"])
+@pytest.mark.parametrize("mode", list(CONVERSIONS))
 def test_conversion_equals_the_layer_built_by_hand(kind, mode):
     model = BUILDERS[kind]()
     (old,) = _attention_layers(model)
-    options = MODES[mode]
-    name = "bn+sh" if "head_factors" in options and "beta" in options else mode
-    name = {"bn-std+sh": "bn+sh"}.get(name, name)
-    num_heads = old.num_heads
-    factors = options.get("head_factors")
-    options = {
-        **options,
-        "head_factors": None if factors is None else factors[:num_heads],
-    }
-    if num_heads == 2 and factors is not None:
-        options["head_factors"] = [1, 2]
+    name = mode.replace("-std", "")
+    options = dict(CONVERSIONS[mode])
+    if "sh" in name:
+        options["head_factors"] = [1, 2] if old.num_heads == 2 else [1, 1, 2, 4]
     new = ksa.replace_attention(model, name, **options)
     (converted,) = _attention_layers(new)
-    config = converted.get_config()
+    config, old_config = converted.get_config(), old.get_config()
     for key in ("num_heads", "key_dim", "value_dim", "dropout", "name"):
-        assert config[key] == old.get_config()[key], key
-    assert (
-        config["kernel_initializer"] == old.get_config()["kernel_initializer"]
-    )
-    by_hand = ksa.SVRAttention.from_config(config)
-    x = _data(1)
-    query = x if kind != "nested" else x
-    by_hand(query, query)
-    by_hand.set_weights(old.get_weights())
+        assert config[key] == old_config[key], key
+    assert config["kernel_initializer"] == old_config["kernel_initializer"]
     for got, want in zip(converted.weights, old.weights, strict=True):
         assert_allclose(got, want, 0, 0)
-    got = converted(query, query, use_causal_mask=True)
-    assert_allclose(got, by_hand(query, query, use_causal_mask=True))
+    # The same attention built by hand from the old layer's sizes, the
+    # requested options and the old weights.
+    by_hand = ksa.get(
+        name,
+        num_heads=old.num_heads,
+        key_dim=old.key_dim,
+        value_dim=old.value_dim,
+        dropout=old.dropout,
+        **options,
+    )
+    x = _data(1)
+    by_hand(x, x)
+    by_hand.set_weights(old.get_weights())
+    got = converted(x, x, use_causal_mask=True)
+    assert_allclose(got, by_hand(x, x, use_causal_mask=True))
     # The options took effect: the converted model differs from the old.
     assert np.abs(ops.convert_to_numpy(new(x) - model(x))).max() > 1e-4
 
