@@ -13,26 +13,24 @@ from keras_svr_attention.api_export import svr_export
 from keras_svr_attention.layers import presets
 from keras_svr_attention.layers.svr_attention import SVRAttention
 
-# MultiHeadAttention subclasses whose call SVRAttention honours: Keras's own
-# and KerasHub's cached one (its `cache` / `cache_update_index` contract).
-_HONOURED = {
-    ("keras.layers", "MultiHeadAttention"),
-    ("keras_hub.layers", "CachedMultiHeadAttention"),
-    (
-        "keras_hub.src.layers.modeling.cached_multi_head_attention",
-        "CachedMultiHeadAttention",
-    ),
-}
+# KerasHub's cached MultiHeadAttention, whose `cache` / `cache_update_index`
+# contract SVRAttention honours (matched by name: keras-hub is optional).
+_KERAS_HUB_CACHED = (
+    "keras_hub.src.layers.modeling.cached_multi_head_attention",
+    "CachedMultiHeadAttention",
+)
 _SVR_MODULE = SVRAttention.__module__
 _SVR_NAME = keras.saving.get_registered_name(SVRAttention)
 
 
 def _honoured(layer):
-    if isinstance(layer, SVRAttention):
-        return True
+    """Keras's MultiHeadAttention, KerasHub's cached one, or SVR attention:
+    the calls SVRAttention honours."""
     cls = type(layer)
-    return (cls.__module__, cls.__name__) in _HONOURED or cls is (
-        keras.layers.MultiHeadAttention
+    return (
+        cls is keras.layers.MultiHeadAttention
+        or isinstance(layer, SVRAttention)
+        or (cls.__module__, cls.__name__) == _KERAS_HUB_CACHED
     )
 
 
@@ -221,9 +219,8 @@ def _rewrite_config(node, by_name):
 def _swap_attributes(new_model, old_layers, configs):
     """Swaps attention held as attributes of other layers, kept in place in
     the owner's sublayers so that both models flatten in the same order."""
-    old_by_position = old_layers
     new_layers = list(new_model._flatten_layers(include_self=False))
-    for old, current in zip(old_by_position, new_layers, strict=True):
+    for old, current in zip(old_layers, new_layers, strict=True):
         if id(old) not in configs or isinstance(current, SVRAttention):
             continue
         owner, name = _owner_of(new_model, current)

@@ -43,7 +43,7 @@ def _relative_rms(actual, desired):
 
 
 def _attention_model(layer, query, value, key):
-    """A functional model around `layer`, with weights copied into it."""
+    """A functional model around `layer` (Model.quantize works on models)."""
     inputs = [keras.Input(x.shape[1:]) for x in (query, value, key)]
     model = keras.Model(inputs, layer(*inputs))
     return model

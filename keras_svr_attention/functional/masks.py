@@ -64,15 +64,20 @@ def causal_rows(prefix, num_queries):
     )
 
 
-def causal_mask(num_queries, num_keys):
-    """Lower-triangular mask `(1, T, S)`: query `i` sees key `j` iff `j <= i`.
+def causal_mask(num_queries, num_keys, offset=0):
+    """Lower-triangular mask `(1, T, S)`: query `i` sees key `j` iff
+    `j <= i + offset`.
 
-    The same convention as `keras.layers.MultiHeadAttention`.
+    The same convention as `keras.layers.MultiHeadAttention`; `offset` (an
+    int or int tensor) places query 0 at key position `offset`, as in cached
+    decoding.
 
     >>> tuple(causal_mask(3, 4).shape)
     (1, 3, 4)
     """
     rows, cols = _positions(num_queries, num_keys)
+    if not isinstance(offset, int) or offset:
+        rows = rows + ops.cast(offset, "int32")
     return ops.greater_equal(rows, cols)
 
 

@@ -70,7 +70,7 @@ def window_counts(valid, factor, num_prefix_tokens, length):
     return window_sum(weights, factor, num_prefix_tokens)
 
 
-def pool_sequence(x, factor, num_prefix_tokens=0, valid=None):
+def pool_sequence(x, factor, num_prefix_tokens=0, valid=None, counts=None):
     """Average-pools a sequence over windows of its valid tokens (Eqn 25).
 
     Args:
@@ -80,6 +80,8 @@ def pool_sequence(x, factor, num_prefix_tokens=0, valid=None):
         factor: int r >= 1.
         num_prefix_tokens: int p. Leading tokens that are never pooled.
         valid: `(B|1, S)` boolean, or `None` for all valid.
+        counts: `window_counts(valid, ...)` when already at hand (a
+            `HeadGroup`'s), or None to count here.
 
     Returns:
         `(pooled, counts)`: `(B, S', ...)` in `x.dtype`, and the number of
@@ -93,7 +95,8 @@ def pool_sequence(x, factor, num_prefix_tokens=0, valid=None):
     """
     out_dtype, dtype = x.dtype, accumulation_dtype(x.dtype)
     length = masks_lib.shape_of(x)[1]
-    counts = window_counts(valid, factor, num_prefix_tokens, length)
+    if counts is None:
+        counts = window_counts(valid, factor, num_prefix_tokens, length)
     trailing = (1,) * (len(x.shape) - 2)
     x = ops.cast(x, dtype)
     if valid is not None:

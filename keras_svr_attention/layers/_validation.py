@@ -107,8 +107,9 @@ def keras_supports(argument):
     return argument in signature.parameters
 
 
-# The Keras release that added each MultiHeadAttention argument.
-NEEDS_KERAS = {"use_gate": "3.14", "sliding_window": "3.15"}
+# The Keras release whose MultiHeadAttention added `use_gate`
+# (`sliding_window` is a mask built here, on every Keras).
+USE_GATE_KERAS = "3.14"
 
 
 def attention_options(
@@ -154,7 +155,7 @@ def attention_options(
     )
     if use_gate and not keras_supports("use_gate"):
         raise ValueError(
-            f"`use_gate` needs Keras >= {NEEDS_KERAS['use_gate']}; this is "
+            f"`use_gate` needs Keras >= {USE_GATE_KERAS}; this is "
             f"Keras {keras.__version__}. Received: use_gate=True"
         )
     if flash_attention is not None:

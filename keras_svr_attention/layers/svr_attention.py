@@ -524,10 +524,9 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             pending = positions >= ops.cast(index, "int32") + num_queries
         if causal:
             offset = 0 if index is None else index
-            rows = ops.arange(num_queries, dtype="int32")[:, None] + offset
-            cols = ops.arange(num_keys, dtype="int32")[None]
             attention_mask = masks_lib.merge_masks(
-                attention_mask, ops.expand_dims(cols <= rows, 0)
+                attention_mask,
+                masks_lib.causal_mask(num_queries, num_keys, offset),
             )
         return key, value, cache, attention_mask, pending
 
@@ -546,10 +545,9 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         key = _select_heads(key, heads, self._num_heads, axis=2)
         value = _select_heads(value, heads, self._num_heads, axis=2)
         if group.factor > 1:
-            key, _ = pooling.pool_sequence(key, group.factor, p, group.valid)
-            value, _ = pooling.pool_sequence(
-                value, group.factor, p, group.valid
-            )
+            pool = (group.factor, p, group.valid, group.counts)
+            key, _ = pooling.pool_sequence(key, *pool)
+            value, _ = pooling.pool_sequence(value, *pool)
         key = self._convolve(key, "key", causal)
         if self._kernel == "linear":
             out, score = self._compute_linear_attention(
