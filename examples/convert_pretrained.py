@@ -23,13 +23,17 @@ import json
 import os
 import sys
 
-DEFAULT_MODEL = "runs/timeseries/softmax_seed0.keras"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import reporting  # noqa: E402
+
+DEFAULT_MODEL = "runs/ts/softmax_seed0.keras"
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
         description=__doc__,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=reporting.HelpFormatter,
     )
     p.add_argument(
         "--model",
@@ -54,16 +58,29 @@ def parse_args(argv=None):
     p.add_argument("--beta", type=float, default=0.6, help="BN's beta")
     p.add_argument(
         "--head-factors",
+        type=reporting.int_list,
         default=None,
         help="comma-separated pooling factors, one per head "
         "(default 2^(h // 2))",
     )
-    p.add_argument("--epochs", type=int, default=5, help="fine-tuning epochs")
     p.add_argument(
-        "--learning-rate", type=float, default=3e-4, help="fine-tuning rate"
+        "--epochs",
+        type=reporting.positive_int,
+        default=5,
+        help="fine-tuning epochs",
     )
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--output", default="runs/convert")
+    p.add_argument(
+        "--learning-rate",
+        type=reporting.positive_float,
+        default=3e-4,
+        help="fine-tuning rate",
+    )
+    p.add_argument(
+        "--batch-size", type=reporting.positive_int, default=32, help="batch"
+    )
+    p.add_argument(
+        "--output", default="runs/convert", help="folder for the results"
+    )
     p.add_argument(
         "--smoke", action="store_true", help="1 epoch on a few samples"
     )
@@ -74,34 +91,27 @@ def parse_args(argv=None):
             "examples/timeseries_classification.py (it saves "
             f"{DEFAULT_MODEL}), or give a .keras file"
         )
-    try:
-        args.head_factors = (
-            None
-            if args.head_factors is None
-            else [int(f) for f in args.head_factors.split(",")]
-        )
-    except ValueError:
-        p.error(f"--head-factors must be integers: {args.head_factors}")
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)  # before Keras: --help needs no backend
-    import keras
+    keras = reporting.import_keras()
     import numpy as np
 
     import keras_svr_attention as ksa
 
     if args.preset is not None:
         return convert_preset(args)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from timeseries_classification import load_uea
-
-    train, test, _ = load_uea(args.dataset)
-    if args.smoke:
+    try:
+        train, test, _ = ksa.datasets.load_uea(args.dataset)
+    except ValueError as e:
+        reporting.fail(str(e))
+    if args.smoke:  # 64 random series of each split
+        pick = np.random.default_rng(0).permutation
+        train = tuple(a[pick(len(train[2]))[:64]] for a in train)
+        test = tuple(a[pick(len(test[2]))[:64]] for a in test)
         args.epochs = 1
-        train = tuple(a[:64] for a in train)
-        test = tuple(a[:64] for a in test)
     original = keras.saving.load_model(args.model)
     length = original.inputs[0].shape[1]
     if train[0].shape[1] != length:
@@ -122,10 +132,7 @@ def main(argv=None):
         {"attention": "softmax (original)", "converted": accuracy(original)}
     ]
     rows[0]["fine_tuned"] = rows[0]["converted"]
-    for name in args.attention.split(","):
-        model = ksa.replace_attention(
-            original, name, beta=args.beta, head_factors=args.head_factors
-        )
+    for name, model in convert(original, args).items():
         row = {"attention": name, "converted": accuracy(model)}
         model.compile(
             optimizer=keras.optimizers.AdamW(args.learning_rate),
@@ -136,7 +143,7 @@ def main(argv=None):
             train[2],
             batch_size=args.batch_size,
             epochs=args.epochs,
-            verbose=2,
+            **reporting.progress(args.epochs)[0],
         )
         row["fine_tuned"] = accuracy(model)
         rows.append(row)
@@ -147,10 +154,19 @@ def main(argv=None):
     write(rows, args)
 
 
-def fail(message):
-    """A one-line error and exit code 2, as argparse gives."""
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)
+def convert(original, args):
+    """Every `--attention` conversion, all checked before any training."""
+    import keras_svr_attention as ksa
+
+    models = {}
+    for name in args.attention.split(","):
+        try:
+            models[name] = ksa.replace_attention(
+                original, name, beta=args.beta, head_factors=args.head_factors
+            )
+        except ValueError as e:
+            reporting.fail(f"--attention {name}: {str(e).splitlines()[0]}")
+    return models
 
 
 SENTENCES = [
@@ -171,27 +187,24 @@ def convert_preset(args):
     import keras
     import numpy as np
 
-    import keras_svr_attention as ksa
-
     try:
         import keras_hub
     except ImportError:
-        fail("--preset needs keras-hub: pip install --no-deps keras-hub")
+        reporting.fail(
+            "--preset needs keras-hub: pip install --no-deps keras-hub"
+        )
     try:
         original = keras_hub.models.TextClassifier.from_preset(args.preset)
     except Exception as e:  # no network, unknown name, missing extra
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
-        fail(
+        reporting.fail(
             f"cannot load KerasHub preset {args.preset!r} (it is "
             f"downloaded; offline?): {message}"
         )
     want = keras.ops.convert_to_numpy(original.predict(SENTENCES, verbose=0))
     rows = [{"attention": "softmax (original)", "converted": 100.0}]
     rows[0]["fine_tuned"] = float("nan")
-    for name in args.attention.split(","):
-        model = ksa.replace_attention(
-            original, name, beta=args.beta, head_factors=args.head_factors
-        )
+    for name, model in convert(original, args).items():
         got = keras.ops.convert_to_numpy(model.predict(SENTENCES, verbose=0))
         agree = 100 * float(np.mean(got.argmax(-1) == want.argmax(-1)))
         rows.append(

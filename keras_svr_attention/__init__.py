@@ -1,5 +1,6 @@
 """Attention layers derived from support vector regression, for Keras 3."""
 
+from keras_svr_attention import datasets
 from keras_svr_attention import diagnostics
 from keras_svr_attention import functional
 from keras_svr_attention import models
@@ -32,6 +33,7 @@ __all__ = [
     "TransformerEncoderBlock",
     "VIT_PRESETS",
     "attention_maps",
+    "datasets",
     "diagnostics",
     "functional",
     "get",

@@ -1,86 +1,125 @@
-"""The example scripts' own pieces that training relies on."""
+"""The example scripts from the command line, as a newcomer meets them.
 
-import importlib.util
+They run as subprocesses (tests never import the example scripts).
+"""
+
+import csv
+import json
 import os
+import subprocess
+import sys
 
-import keras
-import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = [
+    "timeseries_classification.py",
+    "image_classification.py",
+    "convert_pretrained.py",
+]
 
 
-def _example(name):
-    path = os.path.join(ROOT, "examples", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def image_example():
-    return _example("image_classification")
-
-
-def _coded_batch(n=8, size=8):
-    """Image k is the constant k + 1 and has one-hot label k."""
-    x = np.broadcast_to(
-        np.arange(1, n + 1, dtype="float32")[:, None, None, None],
-        (n, size, size, 1),
-    ).copy()
-    return x, np.eye(n, dtype="float32")
-
-
-def _mixed(image_example, which, size):
-    keras.utils.set_random_seed(1)
-    x, y = _coded_batch(size=size)
-    mixer = image_example.batch_mixers("keras")[which]
-    batches = image_example.MixedBatches(x, y, 4, [mixer], seed=0)
-    assert len(batches) == 2
-    images, labels = zip(
-        *(batches[i] for i in range(len(batches))), strict=True
-    )
-    images, labels = np.concatenate(images), np.concatenate(labels)
-    np.testing.assert_allclose(labels.sum(-1), 1.0, atol=1e-5)
-    assert np.any(labels.max(-1) < 0.95)  # the check sees real mixing
-    return images, labels
-
-
-def test_mixup_labels_weigh_the_blended_images(image_example):
-    # Image k is the constant k + 1, so a blend of images is the constant
-    # sum_k label_k * (k + 1).
-    images, labels = _mixed(image_example, 0, size=8)
-    codes = np.arange(1, labels.shape[1] + 1, dtype="float32")
-    np.testing.assert_allclose(
-        images.mean(axis=(1, 2, 3)), labels @ codes, atol=1e-4
+def _run(script, *args, env=None, timeout=300):
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", script), *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
     )
 
 
-def test_cutmix_labels_weigh_the_pasted_area(image_example):
-    # The share of image i's pixels taken from image k is label_k. Keras's
-    # CutMix weighs labels by the continuous box area and pastes whole
-    # pixels, so they may differ by one pixel row and column:
-    # (2 * size + 1) / size**2.
-    size = 32
-    images, labels = _mixed(image_example, 1, size=size)
-    codes = np.arange(1, labels.shape[1] + 1, dtype="float32")
-    share = (images[..., 0][:, None] == codes[None, :, None, None]).mean(
-        axis=(2, 3)
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_needs_no_backend_and_shows_defaults(script, tmp_path):
+    # A `keras` that fails on import: --help must not import it.
+    (tmp_path / "keras").mkdir()
+    (tmp_path / "keras" / "__init__.py").write_text(
+        "raise ImportError('keras was imported')\n"
     )
-    np.testing.assert_allclose(share, labels, atol=(2 * size + 1) / size**2)
+    done = _run(script, "--help", env={"PYTHONPATH": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    # Option blocks: each starts with a line "  --name ..." (or "  -h").
+    blocks, text = [], done.stdout.split("options:")[1]
+    for line in text.splitlines():
+        if line.startswith("  -"):
+            blocks.append(line)
+        elif blocks:
+            blocks[-1] += " " + line.strip()
+    blocks = [b for b in blocks if not b.startswith("  -h")]
+    assert len(blocks) >= 8
+    flags = ("--smoke", "--mixed-precision", "--data-parallel")
+    for block in blocks:
+        assert len(block.split()) > 2, f"no description: {block}"
+        if not block.split()[0].startswith(flags):
+            assert "(default:" in block, block
 
 
-def test_mixed_batches_cover_every_image_once_per_epoch(image_example):
-    x, y = _coded_batch(n=10)
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--head-factors", "1,2"], "one integer >= 1 per head"),
+        (["--head-factors", "1,x"], "comma-separated integers"),
+        (["--attention", "bn,nope"], "`attention` must be one of"),
+        (["--epochs", "0"], "must be >= 1"),
+        (["--dropout", "1.5"], "must be in [0, 1)"),
+        (["--width", "60"], "multiple of --num-heads"),
+    ],
+)
+def test_bad_options_fail_in_one_line_before_training(args, message, tmp_path):
+    done = _run(
+        "timeseries_classification.py", *args, "--output", str(tmp_path)
+    )
+    assert done.returncode == 2
+    error = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(error) == 1 and message in error[0], done.stderr
+    assert "Traceback" not in done.stderr
+    assert "[1/" not in done.stdout  # no run started
 
-    def identity(batch):
-        return batch
 
-    batches = image_example.MixedBatches(x, y, 4, [identity], seed=0)
-    for _ in range(2):
-        seen = np.concatenate([batches[i][1] for i in range(len(batches))])
-        np.testing.assert_array_equal(np.sort(seen.argmax(-1)), np.arange(10))
-        first = batches.order.copy()
-        batches.on_epoch_end()
-    assert not np.array_equal(first, batches.order)
+def test_a_set_that_needs_a_download_fails_in_one_line(tmp_path):
+    pytest.importorskip("aeon")
+    done = _run(
+        "timeseries_classification.py",
+        *("--dataset", "NoSuchSet", "--output", str(tmp_path)),
+    )
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if x.strip()]
+    assert "not one of the sets inside aeon" in line
+
+
+def test_smoke_run_logs_plain_lines_and_writes_full_results(tmp_path):
+    pytest.importorskip("aeon")
+    pytest.importorskip("matplotlib")
+    done = _run(
+        "timeseries_classification.py",
+        *("--smoke", "--attention", "softmax,sh", "--output", str(tmp_path)),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert "[1/2] softmax seed 0" in lines and "[2/2] sh seed 0" in lines
+    epochs = [line for line in lines if line.startswith("  epoch 1/1 ")]
+    assert len(epochs) == 2 and all("test_accuracy" in e for e in epochs)
+    assert "\x1b" not in done.stdout and "\r" not in done.stdout
+    with open(tmp_path / "results.json") as f:
+        results = json.load(f)
+    assert results["dataset"] == "JapaneseVowels"
+    assert results["backend"] == os.environ["KERAS_BACKEND"]
+    assert results["versions"]["keras"]
+    assert results["hyperparameters"]["learning_rate"] == 3e-3
+    assert [r["seed"] for r in results["runs"]] == [0, 0]
+    run = results["runs"][0]
+    assert run["test_accuracy"] == run["test_accuracy_per_epoch"][-1]
+    assert run["best_epoch_test_accuracy"] == max(
+        run["test_accuracy_per_epoch"]
+    )
+    with open(tmp_path / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["attention"] for r in rows] == ["softmax", "sh"]
+    assert rows[0]["dataset"] == "JapaneseVowels"
+    assert rows[0]["keras version"] and rows[0]["backend"]
+    for name in ("curves", "diversity", "maps_softmax", "maps_sh"):
+        assert (tmp_path / f"{name}.png").stat().st_size > 1000
+    table = (tmp_path / "results.md").read_text()
+    assert "final epoch" in table and "paper's protocol" in table

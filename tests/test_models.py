@@ -151,17 +151,76 @@ def test_head_redundancy_matches_hand_computation():
     assert ksa.head_redundancy(maps, mask) == pytest.approx(want)
 
 
-def test_plots_write_png_files(tmp_path):
+def test_window_view_gives_pooled_heads_their_windows_weight():
+    model = ksa.timeseries_classifier(
+        10, 3, 2, attention="bn+sh", width=16, depth=1, num_heads=4,
+        head_factors=[1, 2, 3, 4],
+    )  # fmt: skip
+    x = np.random.default_rng(1).normal(size=(3, 10, 3)).astype("float32")
+    mask = np.arange(10)[None] < np.array([[10], [7], [4]])
+    (shared,) = ksa.attention_maps(model, [x, mask])
+    (window,) = ksa.attention_maps(model, [x, mask], pooled_view="window")
+    # By hand: key j of a head pooling by r lies in window j // r, whose
+    # weight is shared by the window's real steps.
+    for b in range(3):
+        for h, r in enumerate([1, 2, 3, 4]):
+            for j in range(10):
+                real = mask[b, (j // r) * r : (j // r + 1) * r].sum()
+                want = shared[b, h, :, j] * (real if mask[b, j] else 0)
+                np.testing.assert_allclose(window[b, h, :, j], want, atol=1e-6)
+    # With whole windows of real keys, a head's rows sum to its factor.
+    sums = window[0].sum(-1)  # (N, T), series 0 has no padding
+    np.testing.assert_allclose(sums[:2], [[1.0] * 10, [2.0] * 10], rtol=1e-5)
+    with pytest.raises(ValueError, match="pooled_view"):
+        ksa.attention_maps(model, [x, mask], pooled_view="spread")
+
+
+def test_attention_map_plot_is_readable_without_the_source(tmp_path):
     pytest.importorskip("matplotlib")
     from keras_svr_attention.diagnostics import plots
 
-    maps = [np.random.default_rng(0).random((1, 2, 4, 4))]
-    plots.plot_attention_maps(maps, path=tmp_path / "maps.png")
-    plots.plot_training_curves(
-        {"bn": [{"val_accuracy": [0.5, 0.7]}]}, path=tmp_path / "curves.png"
+    rng = np.random.default_rng(0)
+    maps = [rng.random((2, 3, 5, 5)) * s for s in (1.0, 0.5)]
+    mask = np.array([[True] * 5, [True, True, True, False, False]])
+    fig = plots.plot_attention_maps(
+        maps,
+        sample=1,
+        padding_mask=mask,
+        sample_name="test series 1",
+        head_factors=[1, 2, 4],
+        path=tmp_path / "maps.png",
     )
-    plots.plot_head_redundancy(
-        {"bn": (1.0, 0.1)}, path=tmp_path / "redundancy.png"
+    panels, bars = fig.axes[:6], fig.axes[6:]
+    assert len(bars) == 1  # one colorbar for all panels
+    limits = {p.images[0].get_clim() for p in panels}
+    assert limits == {(0.0, maps[0][1].max())}  # one shared scale
+    assert all(p.get_xlabel() == "key step" for p in panels[3:])
+    assert all(p.get_ylabel() == "query step" for p in panels[::3])
+    assert panels[2].get_title() == "layer 0, head 2, r = 4"
+    assert "test series 1" in fig._suptitle.get_text()
+    assert "padding" in fig.legends[0].texts[0].get_text()
+    assert (tmp_path / "maps.png").stat().st_size > 1000
+
+
+def test_curve_and_diversity_plots_show_mean_and_spread(tmp_path):
+    pytest.importorskip("matplotlib")
+    from keras_svr_attention.diagnostics import plots
+
+    curves = {"softmax": [[50, 70, 80], [60, 80, 90]], "bn": [[40, 60, 95]]}
+    fig = plots.plot_training_curves(curves, path=tmp_path / "curves.png")
+    ax = fig.axes[0]
+    assert ax.get_ylabel() == "test accuracy (%)" and ax.get_xlabel()
+    assert ax.get_title()
+    np.testing.assert_allclose(ax.lines[0].get_ydata(), [55, 75, 85])
+    assert len(ax.collections) == 2  # one band per attention
+    fig = plots.plot_head_diversity(
+        {"softmax": [0.2, 0.3], "sh": [0.25]}, path=tmp_path / "div.png"
     )
-    for name in ("maps", "curves", "redundancy"):
-        assert (tmp_path / f"{name}.png").stat().st_size > 1000
+    ax = fig.axes[0]
+    assert "diversity" in ax.get_title().lower()
+    assert "less redundant" in ax.get_title()
+    labels = [t.get_text() for t in ax.get_legend().texts]
+    assert "± std over seeds" in labels
+    np.testing.assert_allclose(
+        [bar.get_height() for bar in ax.patches], [0.25, 0.25]
+    )

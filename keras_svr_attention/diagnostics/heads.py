@@ -3,21 +3,42 @@
 import keras
 import numpy as np
 
+from keras_svr_attention.functional import pooling
 from keras_svr_attention.models.encoder import TransformerEncoderBlock
 
+POOLED_VIEWS = ("shared", "window")
 
-def attention_maps(model, inputs, batch_size=64):
+
+def attention_maps(model, inputs, batch_size=64, pooled_view="shared"):
     """Attention weights of every `TransformerEncoderBlock` of `model`.
+
+    A pooled (SH) head with factor r attends to windows of r keys. Its map
+    is brought onto the same T x T grid as the other heads' in one of two
+    ways (`pooled_view`):
+
+    - `"shared"`: a window's weight is shared evenly by its valid tokens,
+      A[i, j] = P[i, w(j)] / n_w(j). Rows sum to 1 and `A @ V` is the
+      head's output; this is what `return_attention_scores` gives.
+    - `"window"`: every token shows its whole window's weight,
+      A[i, j] = P[i, w(j)]: the pooled map P repeated r times along the
+      keys. Rows sum to about r.
 
     Args:
         model: a functional model built from `TransformerEncoderBlock`s.
         inputs: what `model.predict` takes.
+        batch_size: int. Samples per forward pass. Defaults to 64.
+        pooled_view: `"shared"` or `"window"`, as above. Defaults to
+            `"shared"`.
 
     Returns:
         A list, one entry per block in order, of NumPy arrays
-        `(B, N, T, T)`. Pooled (SH) heads are spread back over the tokens,
-        so every head's map covers the same T x T grid.
+        `(B, N, T, T)`.
     """
+    if pooled_view not in POOLED_VIEWS:
+        raise ValueError(
+            f"`pooled_view` must be one of {POOLED_VIEWS}. "
+            f"Received: pooled_view={pooled_view!r}"
+        )
     blocks = [
         layer
         for layer in model.layers
@@ -31,6 +52,8 @@ def attention_maps(model, inputs, batch_size=64):
     # One forward pass gives every block's inputs.
     probe = keras.Model(model.inputs, [block.input for block in blocks])
     block_inputs = probe.predict(inputs, batch_size=batch_size, verbose=0)
+    if len(blocks) == 1:  # one output comes back unwrapped
+        block_inputs = [block_inputs]
     maps = []
     for block, block_input in zip(blocks, block_inputs, strict=True):
         if isinstance(block_input, (list, tuple)):
@@ -46,8 +69,34 @@ def attention_maps(model, inputs, batch_size=64):
                     block.attention_scores(x[start:end], padding_mask=mask)
                 ).astype("float32")
             )
-        maps.append(np.concatenate(scores, axis=0))
+        scores = np.concatenate(scores, axis=0)
+        if pooled_view == "window":
+            scores = _window_weights(
+                block.attention_layer, scores, padding_mask
+            )
+        maps.append(scores)
     return maps
+
+
+def _window_weights(layer, scores, padding_mask):
+    """Multiplies each pooled head's shared map by its windows' counts."""
+    factors = getattr(layer, "head_factors", None) or [1] * scores.shape[1]
+    prefix = getattr(layer, "num_prefix_tokens", 0)
+    length = scores.shape[-1]
+    valid = None if padding_mask is None else np.asarray(padding_mask, bool)
+    out = scores.copy()
+    for head, factor in enumerate(factors):
+        if factor == 1:
+            continue
+        counts = keras.ops.convert_to_numpy(
+            pooling.window_counts(valid, factor, prefix, length)
+        )
+        per_key = np.concatenate(
+            [counts[:, :prefix], np.repeat(counts[:, prefix:], factor, -1)],
+            axis=-1,
+        )[:, :length]
+        out[:, head] *= per_key[:, None, :]
+    return out
 
 
 def head_redundancy(maps, padding_mask=None):
@@ -62,10 +111,13 @@ def head_redundancy(maps, padding_mask=None):
 
     i.e. the root-mean-square over query rows of the L2 distance between
     two heads' attention distributions; then the mean over samples and
-    layers. Higher means more diverse heads. SH heads are compared through
-    their maps spread back onto the tokens, so softmax and SH heads are on
-    the same scale. Rows of padded queries (`padding_mask` False) are left
-    out.
+    layers. Higher means more diverse heads. Pooled (SH) heads enter
+    through whichever view of their maps `attention_maps` gave
+    (`pooled_view`): with `"shared"` (the default) every row is a
+    distribution over the same tokens, so softmax and SH heads are on one
+    scale; with `"window"` a head pooling by r has entries about r times
+    larger, so pooled heads count as more distant. Rows of padded queries
+    (`padding_mask` False) are left out.
 
     Args:
         maps: an array `(B, N, T, S)` or a list of them (one per layer).

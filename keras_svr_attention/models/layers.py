@@ -1,4 +1,4 @@
-"""Small layers of the model builders: CLS token, positions, masked pooling."""
+"""Small layers of the model builders: CLS token, positions, token select."""
 
 import keras
 from keras import ops
@@ -47,20 +47,6 @@ class PositionEmbedding(keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "max_length": self.max_length}
-
-
-@svr_export
-class MaskedMeanPooling(keras.layers.Layer):
-    """Mean over the valid time steps: `(B, T, C)`, `(B, T)` -> `(B, C)`."""
-
-    def call(self, x, padding_mask=None):
-        if padding_mask is None:
-            return ops.mean(x, axis=1)
-        w = ops.cast(padding_mask, x.dtype)[..., None]
-        return ops.sum(x * w, axis=1) / ops.maximum(ops.sum(w, axis=1), 1)
-
-    def compute_output_shape(self, input_shape):
-        return (input_shape[0], input_shape[-1])
 
 
 @svr_export

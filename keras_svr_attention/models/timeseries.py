@@ -4,7 +4,6 @@ import keras
 
 from keras_svr_attention.layers.presets import default_head_factors
 from keras_svr_attention.models.encoder import TransformerEncoderBlock
-from keras_svr_attention.models.layers import MaskedMeanPooling
 from keras_svr_attention.models.layers import PositionEmbedding
 
 
@@ -28,7 +27,8 @@ def timeseries_classifier(
     Inputs are `series` `(B, max_length, num_features)` and `padding_mask`
     `(B, max_length)` (True for real steps): padded steps are masked in every
     attention and left out of the pooled head. Input projection, learned
-    positions, pre-LN encoder blocks, masked mean pooling, dense head.
+    positions, pre-LN encoder blocks, mean over the real steps
+    (`GlobalAveragePooling1D` with the mask), dense head.
 
     Args:
         max_length, num_features, num_classes: ints.
@@ -71,7 +71,7 @@ def timeseries_classifier(
             name=f"block_{i}",
         )(x, padding_mask=mask)
     x = keras.layers.LayerNormalization(epsilon=1e-6, name="norm")(x)
-    x = MaskedMeanPooling(name="pool")(x, padding_mask=mask)
+    x = keras.layers.GlobalAveragePooling1D(name="pool")(x, mask=mask)
     x = keras.layers.Dropout(dropout)(x)
     outputs = keras.layers.Dense(num_classes, name="head")(x)
     return keras.Model(
