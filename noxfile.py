@@ -1,16 +1,20 @@
-"""Test matrix: `nox` runs lint and the tests on tensorflow, jax and torch.
+"""Test matrix: `nox` runs lint, the tests on tensorflow, jax and torch,
+the package check and the GPU check's CPU dry run.
 
 Each backend gets its own virtualenv holding only that backend (CPU builds),
 with KERAS_BACKEND set. `nox -s slow` runs the slow tests, `nox -s examples`
-the examples in smoke mode and `nox -s bench` the benchmarks.
+the examples and the offline suite in smoke mode, `nox -s bench` the
+benchmarks.
 """
 
+import glob
 import os
 import shutil
+import zipfile
 
 import nox
 
-nox.options.sessions = ["lint", "tests"]
+nox.options.sessions = ["lint", "tests", "package", "gpu"]
 nox.options.reuse_existing_virtualenvs = True
 
 BACKENDS = ["tensorflow", "jax", "torch"]
@@ -75,6 +79,81 @@ def tests(session, backend):
     session.run(
         "pytest", "-q", *workers, *session.posargs, env=_env(backend, session)
     )
+
+
+# Run in a fresh venv holding only the wheel and torch, outside the repo.
+WHEEL_SMOKE = """
+import keras, numpy as np, keras_svr_attention as ksa
+assert "site-packages" in ksa.__file__, ksa.__file__
+x = np.random.default_rng(0).normal(size=(2, 6, 8)).astype("float32")
+mha = keras.layers.MultiHeadAttention(2, 4)
+layer = ksa.SVRAttention(num_heads=2, key_dim=4)
+mha(x, x), layer(x, x)
+layer.set_weights(mha.get_weights())
+got, want = (keras.ops.convert_to_numpy(f(x, x)) for f in (layer, mha))
+np.testing.assert_allclose(got, want, atol=1e-5)
+print("wheel OK:", ksa.__version__, ksa.AttentionBNSH(2, 4)(x, x).shape)
+"""
+
+
+@nox.session
+def package(session):
+    """sdist and wheel: twine check, library-only wheel, fresh install."""
+    session.install("build", "twine")
+    tmp = os.path.abspath(session.create_tmp())
+    dist = os.path.join(tmp, "dist")
+    shutil.rmtree(dist, ignore_errors=True)
+    session.run("python", "-m", "build", "--outdir", dist, silent=True)
+    files = sorted(glob.glob(os.path.join(dist, "*")))
+    session.run("twine", "check", "--strict", *files)
+    (wheel,) = [f for f in files if f.endswith(".whl")]
+    names = zipfile.ZipFile(wheel).namelist()
+    stray = [
+        n
+        for n in names
+        if not n.startswith(("keras_svr_attention/", "keras_svr_attention-"))
+    ]
+    if stray or not any(n.endswith("svr_attention.py") for n in names):
+        session.error(f"the wheel must hold the library only: {stray}")
+    venv = os.path.join(tmp, "fresh-venv")
+    shutil.rmtree(venv, ignore_errors=True)
+    session.run("python", "-m", "venv", venv)
+    pip = os.path.join(venv, "bin", "pip")
+    find_links = ["--find-links", WHEELS] if os.path.isdir(WHEELS) else []
+    session.run(
+        pip, "install", "-q", *find_links, wheel, *BACKEND_PINS["torch"],
+        external=True,
+    )  # fmt: skip
+    session.chdir(tmp)  # away from the source tree
+    session.run(
+        os.path.join(venv, "bin", "python"),
+        "-c",
+        WHEEL_SMOKE,
+        env=_env("torch"),
+        external=True,
+    )
+
+
+@nox.session
+def gpu(session):
+    """The GPU check's CPU dry run (the real one: benchmarks/gpu.sh)."""
+    _install(session, "torch", "examples")
+    tmp = session.create_tmp()
+    docs = os.path.join(tmp, "results.md")
+    shutil.copy("docs/results.md", docs)
+    session.run(
+        "python",
+        "benchmarks/gpu.py",
+        "--dry-run",
+        "--docs",
+        docs,
+        "--output",
+        tmp,
+        env=_env("torch"),
+    )
+    with open(docs) as f:
+        if "CPU dry run" not in f.read():
+            session.error("the dry run did not write the docs' GPU rows")
 
 
 @nox.session
