@@ -167,7 +167,7 @@ def floor(session):
 @nox.session
 @nox.parametrize("backend", BACKENDS)
 def examples(session, backend):
-    """Both examples in smoke mode (1 epoch, few samples), every path."""
+    """Every example and the offline suite in smoke mode (1 epoch)."""
     _install(session, backend, "examples")
     env = _env(backend)
     tmp = session.create_tmp()
@@ -214,6 +214,10 @@ def examples(session, backend):
         print(log)
         if log is not None and "data parallel over 2 devices" not in log:
             session.error("--data-parallel did not use two devices")
+    suite = ["benchmarks/offline_suite.py", "--smoke", "--output", tmp]
+    suite += ["--datasets", "UnitTest", "--seeds", "2", "--candidates", "2"]
+    session.run("python", *suite, env=env)  # runs, then reports
+    session.run("python", *suite, "--report", env=env)  # all cached
     if backend == "tensorflow":
         session.install("keras-cv")
         session.run(
