@@ -462,7 +462,7 @@ for index, (attention, seed) in enumerate(runs, 1):
         label = int(np.argmax(y_test[0])) if mixers else int(y_test[0])
         plots.plot_attention_maps(
             maps,
-            sample_name=f"test image 0 (digit/class {label}), CLS + patches",
+            sample_name=f"test image 0 (class {label}); token 0 is CLS",
             head_factors=classifier.get_layer(
                 "block_0"
             ).attention_layer.head_factors,

@@ -130,7 +130,8 @@ def plot_head_diversity(values, path=None, title=None):
     Args:
         values: dict, attention name -> list of values (one per seed).
         path: where to save the PNG, or None.
-        title: str or None.
+        title: str or None. The title's first line; the second says that
+            higher means less redundant.
     """
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
@@ -150,15 +151,9 @@ def plot_head_diversity(values, path=None, title=None):
     ax.set_xlabel("attention")
     ax.set_ylabel("mean L2 distance between heads' maps")
     ax.set_title(
-        title or "Head diversity (higher = less redundant heads)", fontsize=10
+        f"{title or 'Head diversity'}\n(higher = heads attend differently: "
+        "less redundant)",
+        fontsize=10,
     )
-    ax.text(
-        0.99,
-        0.02,
-        "higher = heads attend differently (less redundant)",
-        transform=ax.transAxes,
-        ha="right",
-        fontsize=7,
-    )
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return _finish(plt, fig, path)
