@@ -238,7 +238,7 @@ def run_suite(args):
     started = time.perf_counter()
     for step, (dataset, attention, phase, index) in enumerate(plan, 1):
         key = (dataset, slug(attention), phase, f"{phase}{index}")
-        if cache.get(*key) is not None:
+        if current(cache, key, configs, args.smoke):
             continue
         if dataset not in data:
             data = {dataset: load_uea(dataset, args.max_length)}
@@ -258,6 +258,8 @@ def run_suite(args):
             )
             label = f"seed {index}"
         result.update(
+            dataset=dataset,
+            attention=attention,
             candidate=index if phase == "tune" else index_chosen,
             config=config,
             backend=keras.config.backend(),
@@ -285,16 +287,39 @@ def choose(cache, dataset, attention, configs):
     return best[2], best[3]
 
 
-def collect(cache, args):
-    """{dataset: {attention: [test runs]}} for every cached test run."""
+def current(cache, key, configs, smoke):
+    """Whether the run cached under `key` still counts: same mode and, for
+    a test run, trained on the candidate that tuning chooses now (more
+    `--candidates` can change the choice; tuning runs are kept)."""
+    run = cache.get(*key)
+    if run is None or run["smoke"] != smoke:
+        return False
+    dataset, attention, phase, _ = key
+    if phase == "tune":
+        return True
+    tuned = [
+        cache.get(dataset, attention, "tune", f"tune{i}")
+        for i in range(len(configs))
+    ]
+    if any(t is None for t in tuned):
+        return False
+    return run["candidate"] == choose(cache, dataset, attention, configs)[0]
+
+
+def collect(cache, args, configs):
+    """{dataset: {attention: [test runs]}} for every current test run."""
     table = {}
     for dataset in args.datasets:
         for attention in args.attentions:
-            runs = [
-                cache.get(dataset, slug(attention), "test", f"test{seed}")
+            keys = [
+                (dataset, slug(attention), "test", f"test{seed}")
                 for seed in range(args.seeds)
             ]
-            runs = [r for r in runs if r and r["smoke"] == args.smoke]
+            runs = [
+                cache.get(*key)
+                for key in keys
+                if current(cache, key, configs, args.smoke)
+            ]
             if runs:
                 table.setdefault(dataset, {})[attention] = runs
     return table
@@ -416,7 +441,7 @@ def write_report(args, configs):
     import numpy as np
 
     cache = Cache(os.path.join(args.output, "runs"))
-    table = collect(cache, args)
+    table = collect(cache, args, configs)
     attentions = args.attentions
     honest = accuracy_table(table, attentions, "accuracy")
     paper = accuracy_table(table, attentions, "best_epoch_accuracy")

@@ -43,10 +43,12 @@ def test_runs_resume_from_the_cache_and_test_the_chosen_candidate(
         calls.append((attention, config["width"], seed, len(evaluate[2])))
         # Candidate 1 wins on validation accuracy; test runs score 90 + seed.
         index = [c["width"] for c in configs].index(config["width"])
-        accuracy = {0: 50.0, 1: 80.0, 2: 80.0}[index] if seed == 0 else 0
+        accuracy = (
+            {0: 50.0, 1: 80.0, 2: 80.0, 3: 0.0}[index] if seed == 0 else 0
+        )
         return {
             "accuracy": accuracy if len(evaluate[2]) < 10 else 90.0 + seed,
-            "loss": {0: 1.0, 1: 0.5, 2: 0.7}[index],
+            "loss": {0: 1.0, 1: 0.5, 2: 0.7, 3: 0.1}[index],
             "best_epoch_accuracy": 95.0,
             "train_seconds": 1.0,
         }
@@ -76,6 +78,25 @@ def test_runs_resume_from_the_cache_and_test_the_chosen_candidate(
     cache = suite.Cache(os.path.join(str(tmp_path), "runs"))
     run = cache.get("UnitTest", "softmax", "test", "test1")
     assert run["candidate"] == 1 and run["accuracy"] == 91.0
+    # A fourth candidate that wins: tuning runs stay, test runs redo.
+    configs.append(dict(configs[0], width=64))
+    scores = {16: 50.0, 32: 80.0, 48: 80.0, 64: 99.0}
+    monkeypatch.setattr(
+        suite,
+        "train_once",
+        lambda a, c, t, e, k, seed, *r: {
+            **fake_train(a, c, t, e, k, seed),
+            "accuracy": scores[c["width"]] if len(e[2]) < 10 else 70.0,
+        },
+    )
+    calls.clear()
+    args.candidates = 4
+    assert suite.run_suite(args) == 3  # candidate 3, then two test seeds
+    assert [(c[1], c[3] == 20) for c in calls] == [
+        (64, False), (64, True), (64, True)
+    ]  # fmt: skip
+    assert [r["candidate"] for r in suite.collect(cache, args, configs)[
+        "UnitTest"]["softmax"]] == [3, 3]  # fmt: skip
 
 
 def test_paired_test_counts_and_means_by_hand(suite):
