@@ -394,21 +394,49 @@ def paired_tests(table, attentions, key):
 
 
 def redundancy_table(table, attentions):
+    """Head diversity per set, both views of pooled heads, and the mean
+    over the sets every attention finished (with SH's rank)."""
     import numpy as np
 
     lines = [
-        "| dataset | view | " + " | ".join(attentions) + " |",
+        "| dataset | pooled heads seen as | " + " | ".join(attentions) + " |",
         "|---|---|" + "---|" * len(attentions),
     ]
-    for dataset, runs in table.items():
-        for view in ("shared", "window"):
-            cells = [
-                f"{np.mean([r[f'redundancy_{view}'] for r in runs[a]]):.3f}"
+    for view in ("shared", "window"):
+        means = []
+        for dataset, runs in table.items():
+            values = [
+                np.mean([r[f"redundancy_{view}"] for r in runs[a]])
                 if a in runs
-                else "–"
+                else None
                 for a in attentions
             ]
+            if None not in values:
+                means.append(values)
+            cells = ["–" if v is None else f"{v:.3f}" for v in values]
             lines.append(f"| {dataset} | {view} | " + " | ".join(cells) + " |")
+        if means:
+            cells = [f"**{v:.3f}**" for v in np.mean(means, axis=0)]
+            lines.append(
+                f"| **mean over {len(means)} sets** | {view} | "
+                + " | ".join(cells)
+                + " |"
+            )
+    return "\n".join(lines)
+
+
+def chosen_table(table, attentions):
+    """Which candidate tuning chose, per set and attention."""
+    lines = [
+        "| dataset | " + " | ".join(attentions) + " |",
+        "|---|" + "---|" * len(attentions),
+    ]
+    for dataset, runs in table.items():
+        cells = [
+            str(runs[a][0]["candidate"]) if a in runs else "–"
+            for a in attentions
+        ]
+        lines.append(f"| {dataset} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -446,17 +474,21 @@ def write_report(args, configs):
     honest = accuracy_table(table, attentions, "accuracy")
     paper = accuracy_table(table, attentions, "best_epoch_accuracy")
     tests, summary = paired_tests(table, attentions, "accuracy")
+    # Seeds of one set are not independent: the same test on set means.
+    means = {
+        d: {
+            a: [{"accuracy": float(np.mean([r["accuracy"] for r in rs]))}]
+            for a, rs in by.items()
+        }
+        for d, by in table.items()
+    }
+    set_tests, _ = paired_tests(means, attentions, "accuracy")
     paper_tests, _ = paired_tests(table, attentions, "best_epoch_accuracy")
     cd = critical_difference(
         table, attentions, os.path.join(args.output, "critical_difference.png")
     )
     runs = list(_all_runs(cache.root, args.smoke))
     hours = sum(r["train_seconds"] for r in runs) / 3600
-    chosen = "\n".join(
-        f"- {d} {a}: candidate {runs_[0].get('candidate')}"
-        for d, by in table.items()
-        for a, runs_ in by.items()
-    )
     text = f"""# Offline suite: softmax vs BN vs SH vs BN+SH
 
 Written by `benchmarks/offline_suite.py --report` from {len(runs)} cached
@@ -471,9 +503,18 @@ runs ({hours:.2f} h of training, summed over runs). Backend:
 
 {honest}
 
-## Paired test, final model (every (dataset, seed) pair)
+## Paired test, final model
+
+Over every (dataset, seed) pair:
 
 {tests}
+
+Over the sets' means (seeds of one set share its data, so this is the
+stricter test):
+
+{set_tests}
+
+![critical difference](critical_difference.png)
 
 ## Paper's protocol: best epoch on the test set, % (same runs)
 
@@ -481,13 +522,13 @@ runs ({hours:.2f} h of training, summed over runs). Backend:
 
 {paper_tests}
 
-## Head redundancy (mean over seeds; 64 test series)
+## Head diversity (`head_redundancy`, mean over seeds; 64 test series)
 
 {redundancy_table(table, attentions)}
 
 ## Chosen candidate per set and attention
 
-{chosen}
+{chosen_table(table, attentions)}
 """
     with open(os.path.join(args.output, "report.md"), "w") as f:
         f.write(text)
