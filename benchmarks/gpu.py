@@ -158,23 +158,14 @@ def attention_table(args):
             layers[variant] = layer
             steps[variant] = speed.compiled(layer, x, False, True)
             steps[variant]()  # compile and warm up
-        times = {v: [] for v in VARIANTS}
-        for repeat in range(args.repeats):
-            shift = repeat % len(VARIANTS)
-            for variant in VARIANTS[shift:] + VARIANTS[:shift]:
-                start = time.perf_counter()
-                steps[variant]()
-                times[variant].append(time.perf_counter() - start)
+        times = speed.interleaved(steps, args.repeats)
         for variant in VARIANTS:
-            ratios = [
-                t / m for t, m in zip(times[variant], times["mha"], strict=True)
-            ]
             rows.append(
                 {
                     "T": length,
                     "variant": variant,
                     "median_ms": 1000 * statistics.median(times[variant]),
-                    "ratio_to_mha": statistics.median(ratios),
+                    "ratio_to_mha": speed.median_ratio(times, variant),
                     "peak_mib": peak_memory_mib(
                         layers[variant], x, steps[variant]
                     ),

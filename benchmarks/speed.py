@@ -91,6 +91,30 @@ def compiled(layer, x, causal, backward):
     return step
 
 
+def interleaved(steps, repeats):
+    """Seconds of each step per repeat: {name: [s, ...]}.
+
+    Interleaved, and in a rotated order each repeat, so that no step always
+    runs first (or right after another).
+    """
+    names = list(steps)
+    times = {name: [] for name in names}
+    for repeat in range(repeats):
+        shift = repeat % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            steps[name]()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def median_ratio(times, name, base="mha"):
+    """Median over repeats of the ratio of `name`'s time to `base`'s."""
+    return statistics.median(
+        t / b for t, b in zip(times[name], times[base], strict=True)
+    )
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--lengths", default="512,2048")
@@ -114,20 +138,8 @@ def main(argv=None):
                 layer(x, x)
                 fns[variant] = compiled(layer, x, args.causal, backward)
                 fns[variant]()  # compile and warm up
-            times = {v: [] for v in VARIANTS}
-            for repeat in range(args.repeats):
-                # Interleaved, and in a rotated order each repeat, so that
-                # no variant always runs first (or right after another).
-                shift = repeat % len(VARIANTS)
-                for variant in VARIANTS[shift:] + VARIANTS[:shift]:
-                    start = time.perf_counter()
-                    fns[variant]()
-                    times[variant].append(time.perf_counter() - start)
+            times = interleaved(fns, args.repeats)
             for variant in VARIANTS:
-                ratios = [
-                    t / m
-                    for t, m in zip(times[variant], times["mha"], strict=True)
-                ]
                 rows.append(
                     {
                         "backend": BACKEND,
@@ -137,7 +149,7 @@ def main(argv=None):
                         else "forward",
                         "variant": variant,
                         "median_ms": 1000 * statistics.median(times[variant]),
-                        "median_ratio_to_mha": statistics.median(ratios),
+                        "median_ratio_to_mha": median_ratio(times, variant),
                     }
                 )
                 print(
