@@ -90,8 +90,11 @@ def device_name():
     return f"{device.platform}: {device.device_kind}"
 
 
-def peak_memory_mib(layer, x, step):
-    """Peak device memory of one training step, in MiB (None on CPU)."""
+def peak_memory_mib(program, step):
+    """Peak device memory of one training step, in MiB (None on CPU).
+
+    `program`: the step compiled by `jax_program` on JAX, else None.
+    """
     if BACKEND == "torch":
         import torch
 
@@ -103,14 +106,14 @@ def peak_memory_mib(layer, x, step):
         step()
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - base) / 2**20
-    compiled = _jax_program(layer, x)
-    analysis = compiled.memory_analysis()
+    analysis = program.memory_analysis()
     if analysis is None:
         return None
     return analysis.temp_size_in_bytes / 2**20
 
 
-def _jax_program(layer, x):
+def jax_program(layer, x):
+    """The layer's compiled training step (gradient of a sum), on JAX."""
     import jax
 
     trainable = [v.value for v in layer.trainable_variables]
@@ -123,8 +126,9 @@ def _jax_program(layer, x):
     return jax.jit(jax.grad(loss)).lower(trainable, x).compile()
 
 
-def fused_kernels(layer, x):
-    """Names of the fused attention kernels one forward pass ran."""
+def fused_kernels(layer, x, program):
+    """Names of the fused attention kernels one forward pass ran (torch),
+    or that the compiled training step `program` calls (JAX)."""
     if BACKEND == "torch":
         import torch
 
@@ -135,7 +139,7 @@ def fused_kernels(layer, x):
                 torch.cuda.synchronize()
         names = {event.name for event in profile.events()}
     else:
-        text = _jax_program(layer, x).as_text()
+        text = program.as_text()
         names = set(re.findall(r'custom_call_target="([^"]+)"', text))
     return sorted(n for n in names if FUSED.search(n.lower()))
 
@@ -160,16 +164,16 @@ def attention_table(args):
             steps[variant]()  # compile and warm up
         times = speed.interleaved(steps, args.repeats)
         for variant in VARIANTS:
+            layer = layers[variant]
+            program = jax_program(layer, x) if BACKEND == "jax" else None
             rows.append(
                 {
                     "T": length,
                     "variant": variant,
                     "median_ms": 1000 * statistics.median(times[variant]),
                     "ratio_to_mha": speed.median_ratio(times, variant),
-                    "peak_mib": peak_memory_mib(
-                        layers[variant], x, steps[variant]
-                    ),
-                    "fused": fused_kernels(layers[variant], x),
+                    "peak_mib": peak_memory_mib(program, steps[variant]),
+                    "fused": fused_kernels(layer, x, program),
                 }
             )
             print(f"{BACKEND} {rows[-1]}", flush=True)

@@ -123,11 +123,11 @@ def validation_split(train):
 
 
 def train_once(
-    attention, config, train, evaluate, classes, seed, smoke, maps=True
+    attention, config, train, evaluate, classes, seed, smoke, diversity=True
 ):
     """One model: fit on `train`, score `evaluate` every epoch.
 
-    With `maps`, also the head redundancy on 64 `evaluate` series, with
+    With `diversity`, also the head redundancy on 64 `evaluate` series, with
     pooled heads seen both ways (`attention_maps`'s `pooled_view`).
     """
     import keras
@@ -181,7 +181,7 @@ def train_once(
     }
     sample = slice(0, 64)
     inputs = [evaluate[0][sample], evaluate[1][sample]]
-    for view in ("shared", "window") if maps else ():
+    for view in ("shared", "window") if diversity else ():
         maps = ksa.attention_maps(model, inputs, pooled_view=view)
         result[f"redundancy_{view}"] = ksa.head_redundancy(
             maps, evaluate[1][sample]

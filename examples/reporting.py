@@ -168,9 +168,8 @@ def environment():
     import keras
 
     backend = keras.config.backend()
-    module = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}
     versions = {"python": platform.python_version()}
-    for name in ("keras", "keras-svr-attention", "numpy", module[backend]):
+    for name in ("keras", "keras-svr-attention", "numpy", backend):
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

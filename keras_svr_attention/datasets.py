@@ -18,8 +18,9 @@ def shipped_classification_sets():
     folder = os.path.join(os.path.dirname(datasets.__file__), "data")
     names = []
     for name in sorted(os.listdir(folder)):
-        if os.path.exists(os.path.join(folder, name, f"{name}_TRAIN.ts")):
-            with open(os.path.join(folder, name, f"{name}_TRAIN.ts")) as f:
+        path = os.path.join(folder, name, f"{name}_TRAIN.ts")
+        if os.path.exists(path):
+            with open(path) as f:
                 header = f.read(4096).lower()
             if "@classlabel true" in header:
                 names.append(name)

@@ -88,14 +88,9 @@ def _window_weights(layer, scores, padding_mask):
     for head, factor in enumerate(factors):
         if factor == 1:
             continue
-        counts = keras.ops.convert_to_numpy(
-            pooling.window_counts(valid, factor, prefix, length)
-        )
-        per_key = np.concatenate(
-            [counts[:, :prefix], np.repeat(counts[:, prefix:], factor, -1)],
-            axis=-1,
-        )[:, :length]
-        out[:, head] *= per_key[:, None, :]
+        counts = pooling.window_counts(valid, factor, prefix, length)
+        per_key = pooling.repeat_windows(counts, factor, prefix, length)
+        out[:, head] *= keras.ops.convert_to_numpy(per_key)[:, None, :]
     return out
 
 

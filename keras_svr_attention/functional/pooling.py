@@ -157,12 +157,21 @@ def spread_scores(scores, factor, num_prefix_tokens, counts, valid, length):
     per_token = (
         ops.cast(scores, dtype) / ops.maximum(counts, 1.0)[:, None, None, :]
     )
-    prefix = per_token[..., :p]
-    rest = ops.repeat(per_token[..., p:], factor, axis=-1)[..., : length - p]
-    out = ops.concatenate([prefix, rest], axis=-1)
+    out = repeat_windows(per_token, factor, p, length)
     if valid is not None:
         out = out * ops.cast(valid, dtype)[:, None, None, :]
     return ops.cast(out, scores.dtype)
+
+
+def repeat_windows(x, factor, num_prefix_tokens, length):
+    """Each pooled entry of the last axis repeated over its window's keys.
+
+    `(..., p + ceil((S - p) / r))` -> `(..., S)`: prefix entries pass
+    through, window w's entry fills keys p + w r ... p + (w + 1) r - 1.
+    """
+    p = num_prefix_tokens
+    rest = ops.repeat(x[..., p:], factor, axis=-1)[..., : length - p]
+    return ops.concatenate([x[..., :p], rest], axis=-1)
 
 
 def ready_positions(valid, factor, num_prefix_tokens, length):
