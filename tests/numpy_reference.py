@@ -21,15 +21,26 @@ def windows(length, factor, num_prefix_tokens):
     return out
 
 
-def pooled_visibility(full, factor, num_prefix_tokens):
+def window_ends(length, factor, num_prefix_tokens):
+    """Last position of each window's full span (a cut window included)."""
+    p = num_prefix_tokens
+    return list(range(p)) + [
+        start + factor - 1 for start in range(p, length, factor)
+    ]
+
+
+def pooled_visibility(full, factor, num_prefix_tokens, causal_mask=False):
     """(B, T, W) whether query i sees pooled key w (SPEC.md section 6).
 
-    `full` is the merged (B, T, S) mask. A key is valid when some query may
-    see it; window w is seen when it holds a valid token and query i may see
-    every valid token of it. Also returns the valid members of each window.
+    `full` is the merged (B, T, S) mask without causality. A key is valid
+    when some query may see it; window w is seen when it holds a valid token
+    and query i may see every valid token of it, and, under `causal_mask`,
+    when w's full span ends at or before i. Also returns the valid members
+    of each window.
     """
     batch, num_queries, num_keys = full.shape
     wins = windows(num_keys, factor, num_prefix_tokens)
+    ends = window_ends(num_keys, factor, num_prefix_tokens)
     out = np.zeros((batch, num_queries, len(wins)), bool)
     members = []
     for b in range(batch):
@@ -38,6 +49,7 @@ def pooled_visibility(full, factor, num_prefix_tokens):
         for i in range(num_queries):
             for w, m in enumerate(members[b]):
                 out[b, i, w] = bool(m) and full[b, i, m].all()
+                out[b, i, w] &= not causal_mask or ends[w] <= i
     return out, members
 
 
@@ -133,8 +145,6 @@ def svr_attention(
     full = np.ones((batch, num_queries, num_keys), bool)
     if mask is not None:
         full &= np.broadcast_to(mask, full.shape)
-    if causal_mask:
-        full &= causal(num_queries, num_keys)[None]
     heads_out = np.zeros(
         (batch, num_queries, num_heads, weights["wv"].shape[2])
     )
@@ -142,7 +152,7 @@ def svr_attention(
     for b in range(batch):
         for h in range(num_heads):
             seen, members = pooled_visibility(
-                full[b : b + 1], factors[h], num_prefix_tokens
+                full[b : b + 1], factors[h], num_prefix_tokens, causal_mask
             )
             members = members[0]
             # Eqn 25: average the valid inputs of each window, then project.

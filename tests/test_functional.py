@@ -7,6 +7,7 @@ from keras import ops
 from keras_svr_attention.functional import masks
 from keras_svr_attention.functional import pooling
 from keras_svr_attention.functional import statistics
+from keras_svr_attention.functional import visibility
 from tests import numpy_reference as ref
 from tests.testing import assert_allclose
 
@@ -33,35 +34,35 @@ def test_merge_masks_is_none_tolerant_and():
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("kind", ["none", "padding", "dense"])
+@pytest.mark.parametrize("kind", ["none", "padding", "dense", "per-head"])
 def test_key_moments_match_masked_numpy_moments(kind, causal):
     rng = np.random.default_rng(0)
     keys = rng.normal(size=(2, 7, 3, 4)).astype("float32") + 2.0
     T = 5
     if kind == "none":
-        mask = None
-        full = np.ones((2, T, 7), bool)
+        full = np.ones((2, 1, T, 7), bool)
     elif kind == "padding":
-        mask = (np.arange(7)[None] < np.array([[7], [4]]))[:, None, :]
-        full = np.broadcast_to(mask, (2, T, 7))
+        full = (np.arange(7)[None] < np.array([[7], [4]]))[:, None, None, :]
+    elif kind == "dense":
+        full = (rng.random((2, T, 7)) < 0.6)[:, None]
     else:
-        mask = rng.random((2, T, 7)) < 0.6
-        full = mask
+        full = rng.random((2, 3, T, 7)) < 0.6
     if causal:
-        full = full & ref.causal(T, 7)[None]
-    mean, var = statistics.key_moments(
-        keys, mask, causal=causal, num_queries=T, with_variance=True
-    )
+        full = full & ref.causal(T, 7)[None, None]
+    mask = None if kind == "none" and not causal else full
+    mean, var = statistics.key_moments(keys, mask, with_variance=True)
     mean = np.broadcast_to(ops.convert_to_numpy(mean), (2, T, 3, 4))
     var = np.broadcast_to(ops.convert_to_numpy(var), (2, T, 3, 4))
+    full = np.broadcast_to(full, (2, 3, T, 7))
     for b in range(2):
-        for i in range(T):
-            seen = keys[b, full[b, i]].astype("float64")
-            if len(seen) == 0:
-                np.testing.assert_array_equal(mean[b, i], 0)
-                continue
-            assert_allclose(mean[b, i], seen.mean(0))
-            assert_allclose(var[b, i], seen.var(0), atol=1e-4)
+        for n in range(3):
+            for i in range(T):
+                seen = keys[b, full[b, n, i], n].astype("float64")
+                if len(seen) == 0:
+                    np.testing.assert_array_equal(mean[b, i, n], 0)
+                    continue
+                assert_allclose(mean[b, i, n], seen.mean(0))
+                assert_allclose(var[b, i, n], seen.var(0), atol=1e-4)
 
 
 @pytest.mark.parametrize(
@@ -84,43 +85,29 @@ def test_pool_sequence_averages_valid_tokens(length, factor, prefix):
 
 
 def test_pool_mask_requires_every_valid_token_of_window():
-    mask = ref.causal(6, 6)[None]
-    pooled, valid = pooling.pool_mask(mask, 2, 0)
+    mask = ref.causal(6, 6)[None, None]
+    pooled = pooling.pool_mask(mask, np.ones((1, 6), bool), 2, 0)
     want = np.array([[w * 2 + 1 <= i for w in range(3)] for i in range(6)])
-    np.testing.assert_array_equal(ops.convert_to_numpy(pooled)[0], want)
-    assert ops.convert_to_numpy(valid).all()
+    np.testing.assert_array_equal(ops.convert_to_numpy(pooled)[0, 0], want)
 
 
 @pytest.mark.parametrize(
-    "num_queries,length,factor,prefix",
-    [(7, 7, 2, 0), (7, 9, 3, 1), (9, 7, 4, 2), (6, 6, 8, 0)],
+    "length,factor,prefix", [(7, 2, 0), (7, 3, 1), (9, 4, 2), (5, 8, 0)]
 )
-def test_causal_window_mask_equals_pooling_the_causal_mask(
-    num_queries, length, factor, prefix
+def test_window_ends_are_the_last_position_of_each_full_span(
+    length, factor, prefix
 ):
-    # The O(T S / r) construction against pool_mask of the (B, T, S) mask.
-    rng = np.random.default_rng(2)
-    keys = rng.random((3, length)) < 0.7
-    keys[2] = True
-    full = keys[:, None, :] & ref.causal(num_queries, length)[None]
-    want, valid = pooling.pool_mask(full, factor, prefix)
-    _, counts = pooling.pool_sequence(
-        np.zeros((3, length, 1), "float32"), factor, prefix, valid
-    )
-    got = pooling.causal_window_mask(
-        valid, counts, factor, prefix, num_queries, length
-    )
-    np.testing.assert_array_equal(
-        ops.convert_to_numpy(got), ops.convert_to_numpy(want)
-    )
+    got = ops.convert_to_numpy(pooling.window_ends(length, factor, prefix))
+    assert got.tolist() == ref.window_ends(length, factor, prefix)
 
 
 PLAN_CASES = [
-    # (num_queries, num_keys, prefix, query padding, key constraint, causal)
+    # (num_queries, num_keys, prefix, query padding, constraint, causal)
     (7, 9, 0, False, "padding", False),
     (7, 9, 1, True, "padding", True),
     (9, 7, 2, True, "rows", True),
     (7, 9, 1, False, "rows", False),
+    (7, 7, 1, True, "per-head", True),
     (6, 6, 0, True, None, True),
     (5, 3, 3, False, "padding", True),  # prefix == length: nothing to pool
 ]
@@ -133,33 +120,36 @@ PLAN_CASES = [
 def test_plan_head_groups_matches_numpy_visibility(
     kernel, num_queries, num_keys, prefix, query_padding, constraint, causal
 ):
-    if kernel == "linear" and constraint == "rows":
+    if kernel == "linear" and constraint in ("rows", "per-head"):
         pytest.skip("the linear kernel takes key padding only")
     rng = np.random.default_rng(4)
     factors = (2, 1, 3, 1, 2)
-    query_mask = None
+    query_mask = key_padding = attention_mask = None
     if query_padding:
         query_mask = rng.random((2, num_queries)) < 0.7
         query_mask[:, 0] = True
-    key_mask = None
+    full = np.ones((2, 5, num_queries, num_keys), bool)
     if constraint == "padding":
-        key_mask = (rng.random((2, num_keys)) < 0.7)[:, None, :]
+        key_padding = rng.random((2, num_keys)) < 0.7
+        full &= key_padding[:, None, None, :]
     elif constraint == "rows":
-        key_mask = rng.random((2, num_queries, num_keys)) < 0.6
-    full = np.ones((2, num_queries, num_keys), bool)
+        attention_mask = rng.random((2, num_queries, num_keys)) < 0.6
+        full &= attention_mask[:, None]
+    elif constraint == "per-head":
+        attention_mask = rng.random((2, 5, num_queries, num_keys)) < 0.6
+        full &= attention_mask
     if query_mask is not None:
-        full &= query_mask[:, :, None]
-    if key_mask is not None:
-        full &= key_mask
-    if causal:
-        full &= ref.causal(num_queries, num_keys)[None]
-    plan = pooling.plan_head_groups(
+        full &= query_mask[:, None, :, None]
+    plan = visibility.plan_head_groups(
         factors,
         prefix,
         num_queries,
         num_keys,
         query_mask=query_mask,
-        key_mask=key_mask,
+        key_padding=key_padding,
+        attention_mask=visibility.attention_mask_4d(
+            attention_mask, 5, (2, num_queries, num_keys)
+        ),
         causal=causal,
         kernel=kernel,
     )
@@ -167,24 +157,27 @@ def test_plan_head_groups_matches_numpy_visibility(
     nothing_to_pool = num_keys <= prefix
     for group, factor in zip(plan, (2, 1, 3), strict=True):
         assert group.factor == (1 if nothing_to_pool else factor)
-        want, _ = ref.pooled_visibility(full, group.factor, prefix)
-        shape = want.shape
-        if kernel == "softmax":
-            got = np.ones(shape, bool)
-            if group.mask is not None:
-                got &= np.broadcast_to(ops.convert_to_numpy(group.mask), shape)
-            if group.causal:
-                got &= ref.causal(num_queries, shape[2])[None]
-        else:
-            weights = np.ones((1, shape[2]), bool)
-            if group.key_weights is not None:
-                weights = ops.convert_to_numpy(group.key_weights) > 0
-            got = np.broadcast_to(weights[:, None, :], shape).copy()
-            if group.visible is not None:
-                seen = ops.convert_to_numpy(group.visible)
-                got &= np.arange(shape[2])[None, None] < seen[:, :, None]
-            rows = np.ones((2, num_queries), bool)
-            if query_mask is not None:
-                rows = query_mask  # padded rows are zeroed by the layer
-            want, got = want[rows], got[rows]
-        np.testing.assert_array_equal(got, want)
+        for index, head in enumerate(group.heads):
+            want, _ = ref.pooled_visibility(
+                full[:, head], group.factor, prefix, causal
+            )
+            shape = want.shape
+            if kernel == "softmax":
+                got = np.ones(shape, bool)
+                if group.mask is not None:
+                    mask = ops.convert_to_numpy(group.mask)
+                    mask = mask[:, min(index, mask.shape[1] - 1)]
+                    got &= np.broadcast_to(mask, shape)
+            else:
+                weights = np.ones((1, shape[2]), bool)
+                if group.key_weights is not None:
+                    weights = ops.convert_to_numpy(group.key_weights) > 0
+                got = np.broadcast_to(weights[:, None, :], shape).copy()
+                if group.visible is not None:
+                    seen = ops.convert_to_numpy(group.visible)
+                    got &= np.arange(shape[2])[None, None] < seen[:, :, None]
+                rows = np.ones((2, num_queries), bool)
+                if query_mask is not None:
+                    rows = query_mask  # padded rows are zeroed by the layer
+                want, got = want[rows], got[rows]
+            np.testing.assert_array_equal(got, want)

@@ -22,7 +22,7 @@ def _shifted_sum(x, kernel, axis, size, left, taps=None):
 
     Only the first `taps` taps are used when given.
     """
-    length = x.shape[axis]
+    length = masks_lib.shape_of(x)[axis]
     widths = [[0, 0]] * len(x.shape)
     widths[axis] = [left, size - 1 - left]
     padded = ops.pad(x, widths)

@@ -6,14 +6,8 @@ Shape letters: B batch, T queries, S keys, N heads, D head dim.
 import keras
 from keras import ops
 
-from keras_svr_attention.functional import masks as masks_lib
 from keras_svr_attention.functional.statistics import accumulation_dtype
 from keras_svr_attention.functional.statistics import gather_prefix
-
-
-def _head_mask(mask):
-    """`(B|1, T|1, S)` -> `(B|1, 1, T|1, S)` to broadcast over heads."""
-    return None if mask is None else ops.expand_dims(mask, axis=1)
 
 
 def softmax_attention(
@@ -33,7 +27,8 @@ def softmax_attention(
     h_i = sum_j softmax_j(scale * q_i^T k_j  |  m_ij) v_j
     ```
 
-    where m is `mask` (and j <= i when `is_causal`). Goes through the fused
+    where m is `mask`, already finished (`visibility.plan_head_groups`):
+    nothing is merged or built here. Goes through the fused
     `keras.ops.dot_product_attention` on JAX and torch when neither
     `dropout` nor the scores are needed; otherwise logits and softmax are
     computed in float32.
@@ -42,8 +37,9 @@ def softmax_attention(
         query: `(B, T, N, D)`.
         key: `(B, S, N, D)`.
         value: `(B, S, N, Dv)`.
-        mask: boolean, broadcastable to `(B, T, S)`, or `None`.
-        is_causal: bool. Query i sees only keys j <= i.
+        mask: boolean `(B|1, N|1, T|1, S)` or `(B|1, T|1, S)`, or `None`.
+        is_causal: bool. `mask` is exactly the causal mask (j <= i): the
+            fused kernel may take `is_causal=True` instead of it.
         scale: float. Defaults to `1 / sqrt(D)`.
         dropout: callable applied to the attention weights, or `None`.
         return_scores: bool. Also return the weights `(B, N, T, S)`.
@@ -57,7 +53,6 @@ def softmax_attention(
     >>> tuple(softmax_attention(q, k, v)[0].shape)
     (2, 5, 3, 4)
     """
-    num_queries, num_keys = query.shape[1], key.shape[1]
     scale = scale if scale is not None else query.shape[-1] ** -0.5
     rows = None
     # keras.ops.dot_product_attention needs equal query and value head dims
@@ -74,14 +69,14 @@ def softmax_attention(
         keras.config.backend() != "tensorflow" or query.shape[2] != 1
     )
     fused = fused and dropout is None and not return_scores
-    if is_causal and (mask is not None or not fused):
-        mask = masks_lib.merge_masks(
-            mask, masks_lib.causal_mask(num_queries, num_keys)
-        )
+    if mask is not None and len(mask.shape) == 3:
+        mask = mask[:, None]  # (B, T, S): one mask for every head
+    if is_causal and fused:
+        mask = None  # the backend's causal kernel, as MultiHeadAttention
+    else:
         is_causal = False
     if mask is not None:
-        mask = masks_lib.broadcast_keys(mask, num_keys)
-        rows = masks_lib.visible_rows(mask)
+        rows = ops.any(mask, axis=-1, keepdims=True)  # (B|1, N|1, T|1, 1)
         # A row that sees no key attends everywhere (finite on every
         # backend) and is zeroed below.
         mask = ops.logical_or(mask, ops.logical_not(rows))
@@ -91,7 +86,7 @@ def softmax_attention(
             query,
             key,
             value,
-            mask=_head_mask(mask),
+            mask=mask,
             scale=scale,
             is_causal=is_causal,
             flash_attention=flash_attention,
@@ -107,18 +102,19 @@ def softmax_attention(
             neg = ops.convert_to_tensor(
                 -1e30 if dtype == "float32" else -1e300, dtype
             )
-            logits = ops.where(_head_mask(mask), logits, neg)
+            logits = ops.where(mask, logits, neg)
         weights = ops.softmax(logits, axis=-1)
         if rows is not None:
-            weights = ops.where(_head_mask(rows), weights, 0.0)
+            weights = ops.where(rows, weights, 0.0)
         scores = ops.cast(weights, query.dtype) if return_scores else None
         if dropout is not None:
             weights = ops.cast(dropout(weights), dtype)
         out = ops.einsum("bnts,bsnd->btnd", weights, ops.cast(value, dtype))
         out = ops.cast(out, query.dtype)
     if rows is not None:
-        # (B|1, T|1, 1) -> (B|1, T|1, 1, 1) over (B, T, N, Dv).
-        out = ops.where(ops.expand_dims(rows, -1), out, ops.zeros_like(out))
+        # (B|1, N|1, T|1, 1) -> (B|1, T|1, N|1, 1) over (B, T, N, Dv).
+        rows = ops.transpose(rows, (0, 2, 1, 3))
+        out = ops.where(rows, out, ops.zeros_like(out))
     return out, scores
 
 
@@ -163,7 +159,7 @@ def linear_attention(
     Args:
         query: `(B, T, N, D)`. key: `(B, S, N, D)`. value: `(B, S, N, Dv)`.
         key_weights: `(B|1, S)` 0/1 weights of valid keys, or None.
-        counts: `(B|1, T)` causal prefix lengths (`pooling.visible_counts`), or
+        counts: `(1, T)` causal prefix lengths (`visibility`), or
             None for non-causal.
         return_scores: bool. Also return the weights `(B, N, T, S)`.
 
@@ -202,7 +198,7 @@ def linear_attention(
     if return_scores:
         weights = ops.einsum("btnd,bsnd->bnts", phi_q, phi_k)
         if counts is not None:
-            cols = ops.arange(key.shape[1])[None, None, None, :]
+            cols = ops.arange(ops.shape(key)[1])[None, None, None, :]
             weights = ops.where(cols < counts[:, None, :, None], weights, 0.0)
         den = ops.transpose(ops.where(seen, den, 1.0), (0, 2, 1))
         scores = ops.cast(weights / den[..., None], out_dtype)

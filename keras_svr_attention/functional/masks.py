@@ -45,74 +45,71 @@ def query_padding_mask(mask):
     return ops.expand_dims(ops.cast(mask, "bool"), axis=-1)
 
 
-def _positions(num_queries, num_keys):
-    rows = ops.reshape(ops.arange(num_queries, dtype="int32"), (1, -1, 1))
+def query_positions(num_queries, offset=0):
+    """`(T,)` int32 positions of the queries: `offset + i`.
+
+    `offset` (an int or int tensor) places query 0 at key position
+    `offset`, as in cached decoding.
+    """
+    rows = ops.arange(num_queries, dtype="int32")
+    if not isinstance(offset, int) or offset:
+        rows = rows + ops.cast(offset, "int32")
+    return rows
+
+
+def _positions(num_queries, num_keys, offset=0):
+    rows = ops.reshape(query_positions(num_queries, offset), (1, -1, 1))
     cols = ops.reshape(ops.arange(num_keys, dtype="int32"), (1, 1, -1))
     return rows, cols
-
-
-def causal_rows(prefix, num_queries):
-    """Row `min(i, S - 1)` of `prefix` (axis 1, length S) for each query i.
-
-    Turns per-key prefix quantities (running sums or counts over keys
-    `0..j`) into what causal query `i` sees: keys `0..i`, or all S keys
-    when `i >= S`. Returns axis 1 of length T = `num_queries`.
-    """
-    length = prefix.shape[1]
-    return ops.take(
-        prefix, ops.minimum(ops.arange(num_queries), length - 1), axis=1
-    )
 
 
 def causal_mask(num_queries, num_keys, offset=0):
     """Lower-triangular mask `(1, T, S)`: query `i` sees key `j` iff
     `j <= i + offset`.
 
-    The same convention as `keras.layers.MultiHeadAttention`; `offset` (an
-    int or int tensor) places query 0 at key position `offset`, as in cached
-    decoding.
+    The same convention as `keras.layers.MultiHeadAttention`; `offset`
+    places query 0 at key position `offset`, as in cached decoding.
 
     >>> tuple(causal_mask(3, 4).shape)
     (1, 3, 4)
     """
-    rows, cols = _positions(num_queries, num_keys)
-    if not isinstance(offset, int) or offset:
-        rows = rows + ops.cast(offset, "int32")
+    rows, cols = _positions(num_queries, num_keys, offset)
     return ops.greater_equal(rows, cols)
 
 
-def local_window_mask(num_queries, num_keys, window):
-    """Band mask `(1, T, S)`: query `i` sees key `j` iff `|i - j| < window`.
+def local_window_mask(num_queries, num_keys, window, offset=0):
+    """Band mask `(1, T, S)`: query `i` sees key `j` iff
+    `|i + offset - j| < window`.
 
     >>> tuple(local_window_mask(5, 5, 2).shape)
     (1, 5, 5)
     """
-    rows, cols = _positions(num_queries, num_keys)
+    rows, cols = _positions(num_queries, num_keys, offset)
     return ops.less(ops.abs(rows - cols), window)
 
 
-def strided_mask(num_queries, num_keys, stride):
+def strided_mask(num_queries, num_keys, stride, offset=0):
     """The "strided" pattern of Child et al. (2019), both heads' union.
 
     Query i sees key j when `|i - j| < stride` (the local head) or
     `(i - j) % stride == 0` (the strided head). Combine with a causal mask
     for the autoregressive form.
     """
-    rows, cols = _positions(num_queries, num_keys)
+    rows, cols = _positions(num_queries, num_keys, offset)
     return ops.logical_or(
         ops.less(ops.abs(rows - cols), stride),
         ops.equal((rows - cols) % stride, 0),
     )
 
 
-def fixed_mask(num_queries, num_keys, block, num_summary=1):
+def fixed_mask(num_queries, num_keys, block, num_summary=1, offset=0):
     """The "fixed" pattern of Child et al. (2019), both heads' union.
 
     Query i sees key j when both lie in the same block of `block` tokens, or
     j is one of the last `num_summary` tokens of its block (the summary
     columns every query attends to).
     """
-    rows, cols = _positions(num_queries, num_keys)
+    rows, cols = _positions(num_queries, num_keys, offset)
     same_block = ops.equal(rows // block, cols // block)
     summary = ops.greater_equal(cols % block, block - num_summary)
     return ops.logical_or(same_block, summary)
@@ -121,65 +118,14 @@ def fixed_mask(num_queries, num_keys, block, num_summary=1):
 SPARSITY = ("local", "strided", "fixed")
 
 
-def sparse_mask(sparsity, num_queries, num_keys, block_size):
+def sparse_mask(sparsity, num_queries, num_keys, block_size, offset=0):
     """The `(1, T, S)` mask of a named sparse pattern (see `SPARSITY`)."""
     if sparsity == "local":
-        return local_window_mask(num_queries, num_keys, block_size)
+        return local_window_mask(num_queries, num_keys, block_size, offset)
     if sparsity == "strided":
-        return strided_mask(num_queries, num_keys, block_size)
+        return strided_mask(num_queries, num_keys, block_size, offset)
     if sparsity == "fixed":
-        return fixed_mask(num_queries, num_keys, block_size)
+        return fixed_mask(num_queries, num_keys, block_size, offset=offset)
     raise ValueError(
         f"`sparsity` must be one of {SPARSITY}. Received: sparsity={sparsity!r}"
     )
-
-
-def broadcast_keys(mask, num_keys):
-    """Broadcasts the last axis of a rank-3 mask to `num_keys`.
-
-    A query padding mask `(B, T, 1)` becomes `(B, T, S)`; other axes keep
-    their (possibly 1) sizes so that padding stays cheap.
-    """
-    if mask is None or mask.shape[-1] == num_keys:
-        return mask
-    shape = shape_of(mask)
-    return ops.broadcast_to(mask, (shape[0], shape[1], num_keys))
-
-
-def visible_rows(mask):
-    """`(B|1, T|1, 1)`: whether each query row sees at least one key."""
-    return ops.any(mask, axis=-1, keepdims=True)
-
-
-def valid_keys(mask):
-    """`(B|1, 1, S)`: keys that some query may see (SPEC section 6)."""
-    return ops.any(mask, axis=-2, keepdims=True)
-
-
-def causal_valid_keys(query_mask, key_mask, num_queries, num_keys):
-    """`(B|1, S)` keys some valid query may see under a causal mask.
-
-    Key j is valid when `key_mask` allows it and a valid query i >= j
-    exists: j <= the last valid query (T - 1 without `query_mask`). The
-    same keys as `valid_keys` of the merged `(B, T, S)` mask, without
-    forming it. None when every key is valid.
-
-    Args:
-        query_mask: `(B, T)` query padding, or None.
-        key_mask: `(B|1, 1, S)` key constraints, or None.
-    """
-    if query_mask is None:
-        if key_mask is None and num_queries >= num_keys:
-            return None
-        last = ops.full((1, 1), num_queries - 1, "int32")
-    else:
-        positions = ops.arange(num_queries, dtype="int32")[None]
-        last = ops.max(
-            ops.where(ops.cast(query_mask, "bool"), positions, -1),
-            axis=1,
-            keepdims=True,
-        )
-    reachable = ops.arange(num_keys, dtype="int32")[None] <= last
-    if key_mask is None:
-        return reachable
-    return ops.logical_and(ops.cast(key_mask[:, 0], "bool"), reachable)

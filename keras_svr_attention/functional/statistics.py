@@ -60,17 +60,13 @@ def running_moments(keys, weights=None, with_variance=False):
     return ops.where(count > 0, mean + shift, 0.0), variance, count
 
 
-def key_moments(
-    keys, mask=None, causal=False, num_queries=None, with_variance=False
-):
+def key_moments(keys, mask=None, with_variance=False):
     """Mean (and variance) of the keys each query may attend to.
 
     Args:
         keys: `(B, S, N, D)` projected keys.
-        mask: boolean mask broadcastable to `(B, T, S)`, or `None`.
-        causal: bool. Query i also sees only keys `j <= i`; computed with
-            prefix sums when `mask` does not depend on the query row.
-        num_queries: int. T; required when `causal` and `mask` has no T axis.
+        mask: boolean `(B|1, N|1, T|1, S)` or `(B|1, T|1, S)`, the
+            finished mask of `visibility.plan_head_groups`, or `None`.
         with_variance: bool. Also return the population variance.
 
     Returns:
@@ -79,25 +75,9 @@ def key_moments(
     """
     dtype = accumulation_dtype(keys.dtype)
     keys = ops.cast(keys, dtype)
-    num_keys = masks_lib.shape_of(keys)[1]
-    row_dependent = mask is not None and mask.shape[1] != 1
-    if causal and (row_dependent or num_queries is None):
-        num_queries = mask.shape[1] if num_queries is None else num_queries
-        mask = masks_lib.merge_masks(
-            mask, masks_lib.causal_mask(num_queries, num_keys)
-        )
-        row_dependent, causal = True, False
-    weights = None
-    if mask is not None:
-        weights = ops.cast(masks_lib.broadcast_keys(mask, num_keys), dtype)
-    if causal:
-        # Prefix sums: query i sees keys 0..min(i, S - 1).
-        if weights is not None:
-            weights = ops.reshape(weights, (-1, num_keys))
-        moments = running_moments(keys, weights, with_variance)
-        moments = [masks_lib.causal_rows(m, num_queries) for m in moments[:-1]]
-        return tuple(moments) if with_variance else moments[0]
-
+    shape = masks_lib.shape_of(keys)
+    if mask is not None and len(mask.shape) == 3:
+        mask = mask[:, None]  # (B, T, S): one mask for every head
     shift = 0.0
     if with_variance:
         # Shifted data: moments of k - k_0 keep E[k^2] - mu^2 from
@@ -106,20 +86,24 @@ def key_moments(
         shift = keys[:, :1]
         keys = keys - shift
     feats = [keys, ops.square(keys)] if with_variance else [keys]
-    if row_dependent:
-        batch, rows = masks_lib.shape_of(keys)[0], masks_lib.shape_of(mask)[1]
-        weights = ops.broadcast_to(weights, (batch, rows, num_keys))
-        count = ops.sum(weights, axis=-1)[:, :, None, None]
-        sums = [ops.einsum("bts,bsnd->btnd", weights, f) for f in feats]
+    if mask is None:
+        # Every key seen: plain sums, no (B, S, N, D) product with ones.
+        count = ops.full((1, 1, 1, 1), shape[1], dtype)
+        sums = [ops.sum(f, axis=1, keepdims=True) for f in feats]
+    elif mask.shape[2] == 1:
+        # One set of keys for every query: (B|1, N|1, 1, S) -> (B|1, S, N|1).
+        weights = ops.transpose(ops.cast(mask[:, :, 0], dtype), (0, 2, 1))
+        weights = weights[..., None]
+        count = ops.sum(weights, axis=1, keepdims=True)
+        sums = [ops.sum(f * weights, axis=1, keepdims=True) for f in feats]
     else:
-        if weights is None:
-            # Every key seen: plain sums, no (B, S, N, D) product with ones.
-            count = ops.full((1, 1, 1, 1), num_keys, dtype)
-            sums = [ops.sum(f, axis=1, keepdims=True) for f in feats]
-        else:
-            weights = ops.reshape(weights, (-1, num_keys, 1, 1))
-            count = ops.sum(weights, axis=1, keepdims=True)
-            sums = [ops.sum(f * weights, axis=1, keepdims=True) for f in feats]
+        mask_shape = masks_lib.shape_of(mask)
+        weights = ops.broadcast_to(
+            ops.cast(mask, dtype),
+            (shape[0], shape[2], mask_shape[2], shape[1]),
+        )
+        count = ops.transpose(ops.sum(weights, axis=-1), (0, 2, 1))[..., None]
+        sums = [ops.einsum("bnts,bsnd->btnd", weights, f) for f in feats]
     seen = count > 0
     count = ops.maximum(count, 1.0)
     mean = sums[0] / count
@@ -165,7 +149,7 @@ def normalize(x, mean, beta, variance=None, epsilon=1e-5):
 
 
 def recenter_query(
-    query, key, beta, mask=None, causal=False, standardize=False, epsilon=1e-5
+    query, key, beta, mask=None, standardize=False, epsilon=1e-5
 ):
     """Attention-BN's query under the softmax kernel (Eqns 22, 26).
 
@@ -176,16 +160,9 @@ def recenter_query(
     Args:
         query: `(B, T, N, D)`. key: `(B, S, N, D)`.
         beta: float or scalar tensor b.
-        mask: boolean, broadcastable to `(B, T, S)`, or None.
-        causal: bool. Query i also sees only keys j <= i.
+        mask: boolean `(B|1, N|1, T|1, S)` (finished), or None.
     """
-    moments = key_moments(
-        key,
-        mask,
-        causal=causal,
-        num_queries=query.shape[1],
-        with_variance=standardize,
-    )
+    moments = key_moments(key, mask, with_variance=standardize)
     mean, variance = moments if standardize else (moments, None)
     return shift_query(query, mean, beta, variance, epsilon)
 
@@ -221,7 +198,7 @@ def recenter_linear(
     if visible is None:
         moments = key_moments(
             key,
-            None if key_weights is None else key_weights[:, None, :],
+            None if key_weights is None else key_weights[:, None, None, :],
             with_variance=standardize,
         )
         key_moments_ = query_moments = (

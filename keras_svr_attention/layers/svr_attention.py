@@ -10,6 +10,7 @@ from keras_svr_attention.functional import kernels
 from keras_svr_attention.functional import masks as masks_lib
 from keras_svr_attention.functional import pooling
 from keras_svr_attention.functional import statistics
+from keras_svr_attention.functional import visibility
 from keras_svr_attention.layers import _validation as check
 
 
@@ -106,6 +107,12 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         conv_grid: (height, width) or None. Convolve in 2-D over the
             image's patch grid (after `num_prefix_tokens` CLS tokens)
             instead of along the sequence. Needs unpooled heads.
+        use_keras_masks: bool. Apply `query_mask`, `value_mask` and
+            `key_mask`, given or propagated from the inputs' Keras masks,
+            as `MultiHeadAttention` does. False ignores them, as KerasHub's
+            `CachedMultiHeadAttention` (whose call has no such arguments)
+            does; `replace_attention` sets it when converting one. Defaults
+            to True.
         **kwargs: the remaining arguments of
             `keras.layers.MultiHeadAttention` (initializers, regularizers,
             constraints, `seed`, `name`, `dtype`).
@@ -186,8 +193,12 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         block_size=None,
         conv_kernel_size=None,
         conv_grid=None,
+        use_keras_masks=True,
         **kwargs,
     ):
+        self._use_keras_masks = check.boolean(
+            "use_keras_masks", use_keras_masks
+        )
         options = check.attention_options(
             num_heads=num_heads,
             key_dim=key_dim,
@@ -314,54 +325,6 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 f"num_prefix_tokens={self._num_prefix_tokens}"
             )
 
-    def _standardize_attention_mask(self, mask, batch, num_queries, num_keys):
-        """`(T, S)` or `(B, T, S)` (or broadcastable) -> rank 3, checked."""
-        if mask is None:
-            return None
-        if len(mask.shape) == 2:
-            mask = ops.expand_dims(mask, 0)
-        expected = (batch, num_queries, num_keys)
-        ok = len(mask.shape) == 3 and all(
-            d is None or e is None or d in (1, e)
-            for d, e in zip(mask.shape, expected, strict=True)
-        )
-        if not ok:
-            raise ValueError(
-                "`attention_mask` must broadcast to (B, T, S) = "
-                f"{expected}, with rank 2 (T, S) or 3. Received: "
-                f"attention_mask.shape={tuple(mask.shape)}"
-            )
-        if self._kernel == "linear" and mask.shape[1] != 1:
-            raise ValueError(
-                "`attention_mask` must be a padding mask of shape (B, 1, S) "
-                "under kernel='linear': linear attention supports padding "
-                "and causal masks only (use `use_causal_mask=True`); an "
-                "arbitrary (B, T, S) mask would make it quadratic. Received: "
-                f"attention_mask.shape={tuple(mask.shape)}"
-            )
-        return ops.cast(mask, "bool")
-
-    def _key_constraints(
-        self, value_mask, key_mask, attention_mask, num_queries, num_keys
-    ):
-        """Every constraint on the keys but query padding and causality."""
-        pattern = window = None
-        if self._sparsity is not None:
-            pattern = masks_lib.sparse_mask(
-                self._sparsity, num_queries, num_keys, self._block_size
-            )
-        if self._sliding_window is not None:
-            window = masks_lib.local_window_mask(
-                num_queries, num_keys, self._sliding_window
-            )
-        return masks_lib.merge_masks(
-            masks_lib.padding_mask(value_mask),
-            masks_lib.padding_mask(key_mask),
-            attention_mask,
-            pattern,
-            window,
-        )
-
     def _beta_value(self):
         if self._learn_beta:
             return ops.cast(self.beta_weight, "float32")
@@ -386,11 +349,22 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             raise ValueError(
                 "`return_attention_scores=True` is not supported when flash "
                 "attention is enabled, as in MultiHeadAttention. Received: "
-                f"flash_attention={self._flash_attention_arg}"
+                f"flash_attention={self._flash_attention_arg!r}, effective "
+                f"setting {self._flash_attention!r} (None follows "
+                "keras.config.enable_flash_attention())"
             )
+        if not self._use_keras_masks:
+            query_mask = value_mask = key_mask = None
         key_is_value = key is None or key is value
         key = value if key is None else key
         key_mask = None if key_is_value else key_mask
+        batch, num_queries = masks_lib.shape_of(query)[:2]
+        static = (query.shape[0], query.shape[1], value.shape[1])
+        visibility.check_padding_mask(
+            "query_mask", query_mask, static[0], static[1], "T"
+        )
+        for name, mask in (("value_mask", value_mask), ("key_mask", key_mask)):
+            visibility.check_padding_mask(name, mask, static[0], static[2], "S")
         # Fresh tensors: the masks are consumed here, and a sublayer given a
         # tensor with a Keras mask attached warns that it drops it.
         if query_mask is not None:
@@ -398,13 +372,13 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         if value_mask is not None or key_mask is not None:
             value = ops.copy(value)
             key = value if key_is_value else ops.copy(key)
+        key_padding = masks_lib.merge_masks(value_mask, key_mask)
 
         gate = self._gate_dense(query) if self._use_gate else None
-        num_queries = query.shape[1]
         query = self._convolve(
             self._query_dense(query), "query", use_causal_mask
         )
-        pending = None
+        offset, pending = 0, None
         if cache is None:
             if cache_update_index is not None:
                 raise ValueError(
@@ -414,34 +388,31 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             key = self._key_dense(key)
             value = self._value_dense(value)
         else:
-            key, value, cache, attention_mask, pending = self._use_cache(
-                cache,
-                cache_update_index,
-                key,
-                value,
-                num_queries,
-                attention_mask,
-                use_causal_mask,
-                value_mask is not None or key_mask is not None,
+            key, value, cache, key_padding, pending = self._use_cache(
+                cache, cache_update_index, key, value, key_padding
             )
-            use_causal_mask = False  # merged into attention_mask
-        num_keys = value.shape[1]
-        self._check_prefix(num_keys)
-        attention_mask = self._standardize_attention_mask(
-            attention_mask, query.shape[0], num_queries, num_keys
-        )
-        plan = pooling.plan_head_groups(
+            offset = 0 if cache_update_index is None else cache_update_index
+        num_keys = masks_lib.shape_of(value)[1]
+        self._check_prefix(value.shape[1])
+        plan = visibility.plan_head_groups(
             self._head_factors,
             self._num_prefix_tokens,
             num_queries,
             num_keys,
             query_mask=query_mask,
-            key_mask=self._key_constraints(
-                value_mask, key_mask, attention_mask, num_queries, num_keys
+            key_padding=key_padding,
+            attention_mask=visibility.attention_mask_4d(
+                attention_mask,
+                self._num_heads,
+                (static[0], static[1], value.shape[1]),
             ),
             causal=use_causal_mask,
-            kernel=self._kernel,
+            offset=offset,
+            sliding_window=self._sliding_window,
+            sparsity=self._sparsity,
+            block_size=self._block_size,
             pending=pending,
+            kernel=self._kernel,
         )
         outputs, scores = [], []
         for group in plan:
@@ -475,25 +446,16 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             results += (cache,)
         return results[0] if len(results) == 1 else results
 
-    def _use_cache(
-        self,
-        cache,
-        index,
-        key,
-        value,
-        num_queries,
-        attention_mask,
-        causal,
-        has_padding,
-    ):
+    def _use_cache(self, cache, index, key, value, key_padding):
         """KerasHub's `CachedMultiHeadAttention` contract.
 
         `cache` `(B, 2, S, N, D)` holds projected keys and values per
         position. With `index`, the new keys and values are projected and
-        written at `index`, and query t stands at position `index + t`;
-        without, the cache is read as is. Returns the keys, values and
-        cache, the attention mask (with the causal mask at that offset),
-        and the `(1, S)` pending slots (positions after the new tokens).
+        written at `index` (query t stands at position `index + t`);
+        without, the cache is read as is. Returns the keys, values, cache,
+        the key padding over the cache's slots (the new tokens' padding
+        written at `index`, earlier slots valid) and the `(1, S)` pending
+        slots (positions after the new tokens), or None without `index`.
         """
         if self._kernel == "linear" or self._conv_kernel_size:
             raise ValueError(
@@ -501,34 +463,31 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 f"Received: kernel={self._kernel!r}, "
                 f"conv_kernel_size={self._conv_kernel_size!r}"
             )
-        if has_padding:
-            raise ValueError(
-                "`value_mask` and `key_mask` cannot combine with `cache`: "
-                "give the padding of the cached positions in "
-                "`attention_mask` of shape (B, T, S)."
-            )
         key_cache, value_cache = cache[:, 0], cache[:, 1]
         if index is None:
-            key, value = key_cache, value_cache
-        else:
-            start = [0, index, 0, 0]
-            key = ops.slice_update(key_cache, start, self._key_dense(key))
-            value = ops.slice_update(
-                value_cache, start, self._value_dense(value)
+            if key_padding is not None:
+                raise ValueError(
+                    "`value_mask` and `key_mask` need `cache_update_index`: "
+                    "they pad the new tokens written there. Give the padding "
+                    "of cached positions in `attention_mask`."
+                )
+            return key_cache, value_cache, cache, None, None
+        start = [0, index, 0, 0]
+        num_new = masks_lib.shape_of(key)[1]
+        key = ops.slice_update(key_cache, start, self._key_dense(key))
+        value = ops.slice_update(value_cache, start, self._value_dense(value))
+        cache = ops.stack((key, value), axis=1)
+        batch, num_keys = masks_lib.shape_of(key)[:2]
+        positions = ops.arange(num_keys, dtype="int32")[None]
+        index = ops.cast(index, "int32")
+        pending = positions >= index + num_new
+        if key_padding is not None:
+            slots = ops.ones((batch, num_keys), "int32")
+            key_padding = ops.slice_update(
+                slots, [0, index], ops.cast(key_padding, "int32")
             )
-            cache = ops.stack((key, value), axis=1)
-        num_keys = key.shape[1]
-        pending = None
-        if index is not None:
-            positions = ops.arange(num_keys, dtype="int32")[None]
-            pending = positions >= ops.cast(index, "int32") + num_queries
-        if causal:
-            offset = 0 if index is None else index
-            attention_mask = masks_lib.merge_masks(
-                attention_mask,
-                masks_lib.causal_mask(num_queries, num_keys, offset),
-            )
-        return key, value, cache, attention_mask, pending
+            key_padding = ops.cast(key_padding, "bool")
+        return key, value, cache, key_padding, pending
 
     def _attend_group(
         self, group, query, key, value, training, return_scores, causal
@@ -539,11 +498,11 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         scores of pooled heads spread back over the unpooled keys.
         """
         p = self._num_prefix_tokens
-        num_keys = value.shape[1]
+        num_keys = masks_lib.shape_of(value)[1]
         heads = group.heads
-        query = _select_heads(query, heads, self._num_heads, axis=2)
-        key = _select_heads(key, heads, self._num_heads, axis=2)
-        value = _select_heads(value, heads, self._num_heads, axis=2)
+        query = visibility.select_heads(query, heads, self._num_heads, 2)
+        key = visibility.select_heads(key, heads, self._num_heads, 2)
+        value = visibility.select_heads(value, heads, self._num_heads, 2)
         if group.factor > 1:
             pool = (group.factor, p, group.valid, group.counts)
             key, _ = pooling.pool_sequence(key, *pool)
@@ -559,14 +518,27 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 return_attention_scores=return_scores,
             )
         else:
+            # MultiHeadAttention's fast path: `use_causal_mask=True` tells
+            # the kernel that the mask is exactly causal, so a fused kernel
+            # may take `is_causal=True`. Passed only to our own hook, so
+            # that overrides with the older signature keep working (they
+            # get the finished mask, as under MultiHeadAttention).
+            fast = (
+                group.causal_only
+                and type(self)._compute_attention
+                is SVRAttention._compute_attention
+            )
+            mask = group.mask
+            if mask is not None and mask.shape[1] == 1:
+                mask = mask[:, 0]  # (B, T, S), as MultiHeadAttention's hook
             out, score = self._compute_attention(
                 query,
                 key,
                 value,
-                group.mask,
+                mask,
                 training,
                 return_scores,
-                use_causal_mask=group.causal,
+                **({"use_causal_mask": True} if fast else {}),
             )
         if return_scores and group.factor > 1:
             score = pooling.spread_scores(
@@ -618,30 +590,51 @@ class SVRAttention(keras.layers.MultiHeadAttention):
 
         The hook and signature of `keras.layers.MultiHeadAttention`: query
         `(B, T, n, D)`, key `(B, S', n, D)`, value `(B, S', n, Dv)` (S' the
-        pooled length of the group), `attention_mask` broadcastable to
-        `(B, T, S')`. Recenters the query (`statistics.recenter_query`),
-        then `kernels.softmax_attention`.
+        pooled length of the group), `attention_mask` the group's finished
+        mask, `(B|1, T|1, S')` or per head `(B|1, n, T|1, S')`, or None.
+        `use_causal_mask=True` says that the mask is exactly the causal
+        one (a fused kernel then takes `is_causal=True`). Recenters the query
+        (`statistics.recenter_query`), then `kernels.softmax_attention`.
         """
         dtype = keras.backend.standardize_dtype(query.dtype)
         if self._standardize and dtype == "float16":
             # q / s^2 can exceed float16's range (s^2 ~ epsilon when a query
             # sees one key): attend in float32 and cast back.
-            out, scores = self._compute_attention(
+            out, scores = self._softmax_attention(
                 *(ops.cast(t, "float32") for t in (query, key, value)),
                 attention_mask,
                 training,
                 return_attention_scores,
-                use_causal_mask=use_causal_mask,
+                use_causal_mask,
             )
             scores = None if scores is None else ops.cast(scores, dtype)
             return ops.cast(out, dtype), scores
+        return self._softmax_attention(
+            query,
+            key,
+            value,
+            attention_mask,
+            training,
+            return_attention_scores,
+            use_causal_mask,
+        )
+
+    def _softmax_attention(
+        self,
+        query,
+        key,
+        value,
+        attention_mask,
+        training,
+        return_attention_scores,
+        use_causal_mask,
+    ):
         if self.uses_bn:
             query = statistics.recenter_query(
                 query,
                 key,
                 self._beta_value(),
                 mask=attention_mask,
-                causal=use_causal_mask,
                 standardize=self._standardize,
                 epsilon=self._epsilon,
             )
@@ -751,6 +744,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 "block_size": self._block_size,
                 "conv_kernel_size": self._conv_kernel_size,
                 "conv_grid": self._conv_grid,
+                "use_keras_masks": self._use_keras_masks,
             }
         )
         return config
@@ -763,16 +757,3 @@ def _inverse_order(groups):
     if order == sorted(order):
         return None
     return [order.index(h) for h in range(len(order))]
-
-
-def _select_heads(x, heads, num_heads, axis):
-    """`x` restricted to `heads` along `axis`: itself for all heads, a slice
-    when they are contiguous (a gather's gradient is a scatter, slow on CPU
-    and sparse on TensorFlow), a gather otherwise."""
-    if len(heads) == num_heads:
-        return x
-    if list(heads) == list(range(heads[0], heads[-1] + 1)):
-        index = [slice(None)] * len(x.shape)
-        index[axis] = slice(heads[0], heads[-1] + 1)
-        return x[tuple(index)]
-    return ops.take(x, list(heads), axis=axis)

@@ -1,0 +1,298 @@
+"""Which query sees which key: the one place where masks are merged.
+
+Every raw input that restricts attention (query and key padding, an
+`attention_mask` of rank 2, 3 or 4, causality at an offset, a sliding
+window, a sparse pattern, cache slots not yet written, prefix tokens) goes
+into `plan_head_groups`, which returns, per group of heads that share a
+pooling factor, a finished mask over that group's (pooled) keys. Kernels
+and key statistics consume those masks and never build one.
+
+The rule (SPEC.md section 6):
+
+```text
+m_hij   = pad_q(i) and pad_k(j) and A_hij and pattern(i, j)
+          [and j <= pos(i)  under causality, pos(i) = offset + i]
+valid_j = some query of some head of the group sees j, or j is a cache
+          slot still to come
+pooled:   i sees window w  iff  w holds a valid token,
+                                i may see every valid token of w (m), and,
+                                under causality, end(w) <= pos(i)
+```
+
+where `end(w) = p + (w + 1) r - 1` is the last position of w's full span
+(`pooling.window_ends`), so a window cut short by the end of the sequence,
+by right padding or by unwritten cache slots is seen by no query inside it:
+a causal output depends on positions <= i only. An explicit lower-triangular
+`attention_mask` has no positions, only the rule above it: there the last
+real token sees its cut window (a documented difference).
+
+Everything here works on symbolic shapes: `keras.ops` throughout, no
+Python branch on a tensor's value or on an unknown length.
+"""
+
+from typing import NamedTuple
+
+from keras import ops
+
+from keras_svr_attention.functional import masks as masks_lib
+from keras_svr_attention.functional import pooling
+
+
+class HeadGroup(NamedTuple):
+    """The heads that share one pooling factor, and what their SVRs see.
+
+    Attributes:
+        factor: int. Pooling factor of this group's keys and values (1:
+            unpooled; also 1 when only prefix tokens are left to pool).
+        heads: tuple of int. The group's heads, in the layer's head order.
+        valid: `(B|1, S)` boolean: the unpooled keys that count in a window
+            (pooled groups), or None when every key counts.
+        counts: `(B|1, S')` float32 valid tokens per pooled key, or None for
+            an unpooled group.
+        mask: softmax kernel: boolean `(B|1, n|1, T|1, S')`, everything the
+            group's queries may see, or None when they see every key.
+        causal_only: bool. `mask` is exactly the causal mask at offset 0:
+            a fused kernel may take `is_causal=True` instead of the mask.
+        key_weights: linear kernel: `(B|1, S')` 0/1 valid keys, or None.
+        visible: linear kernel under causality: `(1, T)` int32 prefix
+            lengths n_i (query i sees keys 0..n_i - 1), or None.
+    """
+
+    factor: int
+    heads: tuple
+    valid: object = None
+    counts: object = None
+    mask: object = None
+    causal_only: bool = False
+    key_weights: object = None
+    visible: object = None
+
+
+def attention_mask_4d(mask, num_heads, expected):
+    """`attention_mask` of rank 2, 3 or 4 -> boolean `(B|1, N|1, T|1, S)`.
+
+    Rank 2 is `(T, S)`, rank 3 `(B, T, S)` and rank 4 `(B, N, T, S)`, one
+    mask per head, as `keras.layers.MultiHeadAttention` takes them. Raises
+    a ValueError naming the mask when a known size cannot broadcast.
+
+    Args:
+        expected: `(B, T, S)`, ints or None where unknown.
+    """
+    if mask is None:
+        return None
+    batch, num_queries, num_keys = expected
+    rank = len(mask.shape)
+    full = (batch, num_heads, num_queries, num_keys)
+    if rank == 2:
+        mask = mask[None, None]
+    elif rank == 3:
+        mask = ops.expand_dims(mask, 1)
+    ok = rank in (2, 3, 4) and all(
+        d is None or e is None or d in (1, e)
+        for d, e in zip(mask.shape, full, strict=True)
+    )
+    if not ok:
+        raise ValueError(
+            "`attention_mask` must broadcast to (B, N, T, S) = "
+            f"{full}: rank 2 (T, S), rank 3 (B, T, S) or rank 4 (B, N, T, S)"
+            f" with N = num_heads. Received: attention_mask.shape="
+            f"{tuple(mask.shape)}"
+        )
+    return ops.cast(mask, "bool")
+
+
+def check_padding_mask(name, mask, batch, length, axis_name):
+    """A `(B, L)` padding mask whose known sizes match, else ValueError."""
+    if mask is None:
+        return
+    shape = tuple(mask.shape)
+    ok = len(shape) == 2 and all(
+        d is None or e is None or d == e
+        for d, e in zip(shape, (batch, length), strict=True)
+    )
+    if not ok:
+        raise ValueError(
+            f"`{name}` must have shape (B, {axis_name}) = {(batch, length)}."
+            f" Received: {name}.shape={shape}"
+        )
+
+
+def select_heads(x, heads, num_heads, axis):
+    """`x` restricted to `heads` along `axis`: itself when it holds all
+    heads or broadcasts over them (size 1), a slice when they are
+    contiguous (a gather's gradient is a scatter, slow on CPU and sparse on
+    TensorFlow), a gather otherwise."""
+    if x is None or len(heads) == num_heads or x.shape[axis] == 1:
+        return x
+    if list(heads) == list(range(heads[0], heads[-1] + 1)):
+        index = [slice(None)] * len(x.shape)
+        index[axis] = slice(heads[0], heads[-1] + 1)
+        return x[tuple(index)]
+    return ops.take(x, list(heads), axis=axis)
+
+
+def plan_head_groups(
+    head_factors,
+    num_prefix_tokens,
+    num_queries,
+    num_keys,
+    query_mask=None,
+    key_padding=None,
+    attention_mask=None,
+    causal=False,
+    offset=0,
+    sliding_window=None,
+    sparsity=None,
+    block_size=None,
+    pending=None,
+    kernel="softmax",
+):
+    """What each group of heads sees (the rule in the module docstring).
+
+    Args:
+        head_factors: sequence of int >= 1, one per head.
+        num_prefix_tokens: int p. Leading keys that are never pooled.
+        num_queries, num_keys: T and S, ints or scalar tensors.
+        query_mask: `(B, T)` query padding, or None.
+        key_padding: `(B, S)` key padding (value and key masks merged), or
+            None.
+        attention_mask: boolean `(B|1, N|1, T|1, S)` (`attention_mask_4d`),
+            or None.
+        causal: bool. Query i sees key j only when j <= offset + i.
+        offset: int or int tensor. Position of query 0 (cached decoding).
+        sliding_window: int or None. Query i sees key j only when
+            |offset + i - j| < sliding_window.
+        sparsity, block_size: a named sparse pattern (`masks.sparse_mask`).
+        pending: `(B|1, S)` boolean cache slots not written yet, or None.
+            They count as valid keys that no current query sees, so a
+            window reaching into them is incomplete, as in the full forward.
+        kernel: "softmax" or "linear". The linear kernel takes key padding
+            and causality only: `attention_mask` must be `(B|1, 1, 1, S)`.
+
+    Returns:
+        A list of `HeadGroup`, one per distinct factor.
+
+    >>> [g.factor for g in plan_head_groups([1, 2, 2, 4], 0, 6, 6)]
+    [1, 2, 4]
+    """
+    p = num_prefix_tokens
+    num_heads = len(head_factors)
+    groups = pooling.group_heads(head_factors)
+    if isinstance(num_keys, int) and num_keys <= p:  # nothing to pool
+        groups = [(1, heads) for _, heads in groups]
+    if kernel == "linear":
+        return _plan_linear(
+            groups, p, num_queries, num_keys, key_padding, attention_mask,
+            causal, offset,
+        )  # fmt: skip
+    rows = masks_lib.query_positions(num_queries, offset)
+    pattern = None
+    if sparsity is not None:
+        pattern = masks_lib.sparse_mask(
+            sparsity, num_queries, num_keys, block_size, offset
+        )
+    if sliding_window is not None:
+        pattern = masks_lib.merge_masks(
+            pattern,
+            masks_lib.local_window_mask(
+                num_queries, num_keys, sliding_window, offset
+            ),
+        )
+    constraints = masks_lib.merge_masks(
+        None if query_mask is None else query_mask[:, None, :, None],
+        None if key_padding is None else key_padding[:, None, None, :],
+        attention_mask,
+        None if pattern is None else pattern[:, None],
+    )
+    causal_keys = None
+    if causal:
+        causal_keys = masks_lib.causal_mask(num_queries, num_keys, offset)
+        causal_keys = causal_keys[:, None]
+    plan = []
+    for factor, heads in groups:
+        mask = select_heads(constraints, heads, num_heads, axis=1)
+        if factor == 1:
+            merged = masks_lib.merge_masks(mask, causal_keys)
+            plan.append(
+                HeadGroup(
+                    1,
+                    heads,
+                    mask=None
+                    if merged is None
+                    else _broadcast_last(merged, num_keys),
+                    causal_only=(causal and mask is None and _is_zero(offset)),
+                )
+            )
+            continue
+        valid = pooled_mask = None
+        if mask is not None:
+            mask = _broadcast_last(mask, num_keys)
+            valid = ops.any(mask, axis=(1, 2))
+            if pending is not None:
+                valid = ops.logical_or(valid, pending)
+            pooled_mask = pooling.pool_mask(mask, valid, factor, p)
+        counts = pooling.window_counts(valid, factor, p, num_keys)
+        if causal:
+            ends = pooling.window_ends(num_keys, factor, p)
+            pooled_mask = masks_lib.merge_masks(
+                pooled_mask, (ends[None, :] <= rows[:, None])[None, None]
+            )
+        plan.append(HeadGroup(factor, heads, valid, counts, pooled_mask))
+    return plan
+
+
+def _plan_linear(
+    groups, p, num_queries, num_keys, key_padding, attention_mask, causal,
+    offset,
+):  # fmt: skip
+    """Linear kernel: key weights, and causal prefix lengths by position."""
+    if attention_mask is not None:
+        if attention_mask.shape[1] != 1 or attention_mask.shape[2] != 1:
+            raise ValueError(
+                "`attention_mask` must be a padding mask of shape (B, 1, S) "
+                "under kernel='linear': linear attention supports padding "
+                "and causal masks only (use `use_causal_mask=True`); an "
+                "arbitrary (B, T, S) mask would make it quadratic. Received: "
+                f"attention_mask.shape={tuple(attention_mask.shape)}"
+            )
+        key_padding = masks_lib.merge_masks(
+            key_padding, attention_mask[:, 0, 0, :]
+        )
+    rows = masks_lib.query_positions(num_queries, offset)[None]
+    plan = []
+    for factor, heads in groups:
+        counts = visible = None
+        weights = key_padding
+        if factor > 1:
+            counts = pooling.window_counts(key_padding, factor, p, num_keys)
+            weights = counts > 0
+        if causal:
+            # Pooled keys whose full span ends at or before the query.
+            seen = ops.minimum(rows + 1, p) + ops.maximum(rows + 1 - p, 0) // (
+                factor
+            )
+            total = pooling.pooled_length(num_keys, factor, p)
+            visible = ops.minimum(seen, ops.cast(total, "int32"))
+        plan.append(
+            HeadGroup(
+                factor,
+                heads,
+                key_padding,
+                counts,
+                key_weights=weights,
+                visible=visible,
+            )
+        )
+    return plan
+
+
+def _broadcast_last(mask, num_keys):
+    """`(..., 1)` -> `(..., S)`; other axes keep their (maybe 1) sizes."""
+    if mask.shape[-1] is not None and mask.shape[-1] != 1:
+        return mask
+    shape = masks_lib.shape_of(mask)
+    return ops.broadcast_to(mask, (*shape[:-1], num_keys))
+
+
+def _is_zero(offset):
+    return isinstance(offset, int) and offset == 0
