@@ -225,12 +225,11 @@ def gather_prefix(prefix, counts):
         counts: `(B|1, T)` int visible prefix lengths.
     """
     idx = ops.maximum(counts - 1, 0)
+    trailing = [1] * (len(prefix.shape) - 2)
     if counts.shape[0] == 1:
         out = ops.take(prefix, idx[0], axis=1)
     else:
-        shape = (*idx.shape, *([1] * (len(prefix.shape) - 2)))
+        shape = (*masks_lib.shape_of(idx), *trailing)
         out = ops.take_along_axis(prefix, ops.reshape(idx, shape), axis=1)
-    seen = ops.reshape(
-        counts > 0, (*counts.shape, *([1] * (len(prefix.shape) - 2)))
-    )
+    seen = ops.reshape(counts > 0, (*masks_lib.shape_of(counts), *trailing))
     return ops.where(seen, out, ops.zeros_like(out))
