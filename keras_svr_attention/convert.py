@@ -5,22 +5,26 @@ initializers, dtype policy) and its weights; with every option off it
 computes what the old layer computed (SPEC.md section 6).
 """
 
+import sys
 import warnings
 
 import keras
 
+from keras_svr_attention import _keras_internals as internals
 from keras_svr_attention.api_export import svr_export
 from keras_svr_attention.layers import presets
 from keras_svr_attention.layers.svr_attention import SVRAttention
 
-# KerasHub's cached MultiHeadAttention, whose `cache` / `cache_update_index`
-# contract SVRAttention honours (matched by name: keras-hub is optional).
-_KERAS_HUB_CACHED = (
-    "keras_hub.src.layers.modeling.cached_multi_head_attention",
-    "CachedMultiHeadAttention",
-)
 _SVR_MODULE = SVRAttention.__module__
 _SVR_NAME = keras.saving.get_registered_name(SVRAttention)
+
+
+def _cached_attention_class():
+    """KerasHub's public `CachedMultiHeadAttention`, when KerasHub is in use
+    (a model built with it has imported it), else None."""
+    keras_hub = sys.modules.get("keras_hub")
+    layers = getattr(keras_hub, "layers", None)
+    return getattr(layers, "CachedMultiHeadAttention", None)
 
 
 def _honoured(layer):
@@ -30,7 +34,7 @@ def _honoured(layer):
     return (
         cls is keras.layers.MultiHeadAttention
         or isinstance(layer, SVRAttention)
-        or (cls.__module__, cls.__name__) == _KERAS_HUB_CACHED
+        or (cls is not None and cls is _cached_attention_class())
     )
 
 
@@ -64,19 +68,20 @@ def _svr_config(layer, attention, options):
     """SVRAttention config for `layer`, or ValueError naming the layer."""
     config = dict(layer.get_config())
     config["attention_axes"] = None
+    if type(layer) is _cached_attention_class():
+        # Its call takes no query/value/key masks, so Keras never passes
+        # the inputs' masks to it: neither may the converted layer use them.
+        config["use_keras_masks"] = False
     try:
         svr_options = presets.options_for(
             attention, config["num_heads"], **options
         )
         merged = {**config, **svr_options}
-        SVRAttention.from_config(merged)  # every check, nothing built
-    except (ValueError, TypeError) as error:
-        # from_config wraps the layer's ValueError in a TypeError.
-        cause = error.__context__ if isinstance(error, TypeError) else error
+        SVRAttention(**merged)  # every check, nothing built
+    except ValueError as error:
         raise ValueError(
             f"Cannot convert layer {layer.name!r} "
-            f"({type(layer).__name__}) to attention={attention!r}: "
-            f"{cause or error}"
+            f"({type(layer).__name__}) to attention={attention!r}: {error}"
         ) from None
     return merged
 
@@ -139,7 +144,7 @@ def replace_attention(
     presets.options_for(attention, 1, check_only=True)
     layers = [
         layer
-        for layer in model._flatten_layers(include_self=False)
+        for layer in internals.flatten_layers(model)
         if _looks_like_attention(layer)
     ]
     convertible, refused = [], []
@@ -177,18 +182,19 @@ def replace_attention(
     # The model's own classes, registered or not, rebuild its copy.
     classes = {
         type(layer).__name__: type(layer)
-        for layer in model._flatten_layers(include_self=True)
+        for layer in internals.flatten_layers(model, include_self=True)
     }
     classes[_SVR_NAME] = SVRAttention
     new = keras.saving.deserialize_keras_object(
         serialized, custom_objects=classes
     )
     # 2. Layers created inside other layers (KerasHub's TransformerEncoder)
-    #    are swapped on the built copy, in place.
-    old_layers = list(model._flatten_layers(include_self=False))
-    _swap_attributes(new, old_layers, configs)
-    new_layers = list(new._flatten_layers(include_self=False))
-    _copy_weights(old_layers, new_layers)
+    #    are swapped on the built copy, in place, and recorded where
+    #    `.keras` loading will find them.
+    old_layers = internals.flatten_layers(model)
+    swapped = _swap_attributes(new, old_layers, configs)
+    _record_conversion(new, swapped)
+    _copy_weights(old_layers, internals.flatten_layers(new))
     return new
 
 
@@ -216,50 +222,151 @@ def _rewrite_config(node, by_name):
         _rewrite_config(value, by_name)
 
 
-def _swap_attributes(new_model, old_layers, configs):
-    """Swaps attention held as attributes of other layers, kept in place in
-    the owner's sublayers so that both models flatten in the same order."""
-    new_layers = list(new_model._flatten_layers(include_self=False))
+def _swap_attributes(model, old_layers, configs):
+    """Swaps attention held as attributes of other layers (not a functional
+    model's own layers, which step 1 rewrote), kept in place in the owner's
+    sublayers so that both models flatten in the same order. Returns
+    `{id(new layer): its config}` of the layers swapped."""
+    swapped = {}
+    new_layers = internals.flatten_layers(model)
     for old, current in zip(old_layers, new_layers, strict=True):
-        if id(old) not in configs or isinstance(current, SVRAttention):
+        if id(old) not in configs:
             continue
-        owner, name = _owner_of(new_model, current)
-        replacement = SVRAttention.from_config(configs[id(old)])
-        shapes = current.get_build_config()["shapes_dict"]
-        replacement.build(**shapes)
-        index = [id(sub) for sub in owner._layers].index(id(current))
-        # Keras offers no public way to swap a built layer's sublayer: open
-        # its tracker, untrack the old layer, track the new one at the same
-        # place, close it again.
-        tracker = owner._tracker
-        locked = tracker.locked
-        tracker.unlock()
-        tracker.untrack(current)
-        setattr(owner, name, replacement)
-        owner._layers.insert(index, owner._layers.pop())
-        if locked:
-            tracker.lock()
+        owner, _ = _owner_of(model, current)
+        if isinstance(owner, keras.Model) and current in owner.layers:
+            continue
+        replacement = _swap(model, current, configs[id(old)])
+        swapped[id(replacement)] = configs[id(old)]
+    return swapped
+
+
+def _swap(model, current, config):
+    owner, name = _owner_of(model, current)
+    if name is None:
+        raise ValueError(
+            f"Cannot find the attribute of {owner.name!r} that holds "
+            f"attention {current.name!r}."
+        )
+    replacement = SVRAttention.from_config(config)
+    if current.built:
+        replacement.build(**internals.attention_build_shapes(current))
+    internals.swap_sublayer(owner, name, current, replacement)
+    return replacement
 
 
 def _owner_of(model, target):
-    for layer in model._flatten_layers(include_self=True):
-        if not any(sub is target for sub in layer._layers):
-            continue
-        # Attributes live in __dict__, or in torch's module registry when
-        # the backend's layers are torch modules.
-        attributes = {**vars(layer), **(vars(layer).get("_modules") or {})}
-        for name, value in attributes.items():
-            if value is target:
-                return layer, name
+    for layer in internals.flatten_layers(model, include_self=True):
+        if any(sub is target for sub in internals.sublayers(layer)):
+            return layer, internals.attribute_holding(layer, target)
     raise ValueError(
         f"Cannot find the layer that holds attention {target.name!r}."
     )
 
 
+# Saving. A model rebuilt from its own config (a KerasHub backbone builds
+# its blocks, and they their attention, from numbers) would come back with
+# MultiHeadAttention. The nearest model that holds swapped layers is given
+# a subclass of its own class that records the swap in its config, under
+# one registered name whose `from_config` rebuilds the original class and
+# swaps the recorded layers again (weights are loaded after that).
+_RECORD = "svr_attention_conversion"
+_CONVERTED_NAME = "ConvertedModel"
+
+
+class _Converted:
+    """Mixin of converted models: the record in the config, and back."""
+
+    def get_config(self):
+        return {**super().get_config(), _RECORD: self._svr_conversion}
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        record = config.pop(_RECORD)
+        model = keras.saving.deserialize_keras_object(
+            {**record["base"], "config": config},
+            custom_objects=custom_objects,
+        )
+        swapped = {}
+        for names, layer_config in record["layers"]:
+            layer = model
+            for name in names:
+                (layer,) = [
+                    sub
+                    for sub in internals.sublayers(layer)
+                    if sub.name == name
+                ]
+            replacement = _swap(model, layer, layer_config)
+            swapped[id(replacement)] = layer_config
+        _record_conversion(model, swapped)
+        return model
+
+
+@keras.saving.register_keras_serializable(
+    package="keras_svr_attention", name=_CONVERTED_NAME
+)
+class ConvertedModel(_Converted):
+    """What `keras.saving.load_model` finds under the registered name: a
+    converted model's record, rebuilt by `_Converted.from_config`."""
+
+
+_CONVERTED_CLASSES = {}
+
+
+def _record_conversion(model, swapped):
+    """Marks the nearest model holding each swapped layer (see above)."""
+    for holder in [model] + [
+        layer
+        for layer in internals.flatten_layers(model)
+        if isinstance(layer, keras.Model)
+    ]:
+        record = [
+            (names, swapped[id(layer)])
+            for names, layer in _name_paths(holder)
+            if id(layer) in swapped
+        ]
+        if not record:
+            continue
+        base = type(holder)
+        if issubclass(base, _Converted):
+            base = base.__mro__[2]  # (converted, _Converted, base, ...)
+        holder._svr_conversion = {
+            "base": {
+                "module": base.__module__,
+                "class_name": base.__name__,
+                "registered_name": keras.saving.get_registered_name(base),
+            },
+            "layers": record,
+        }
+        holder.__class__ = _converted_class(base)
+
+
+def _name_paths(model, prefix=()):
+    """`(names from model to layer, layer)` for the layers under `model`
+    outside nested models: names, unlike tracking order, are the same on
+    every backend."""
+    for layer in internals.sublayers(model):
+        if isinstance(layer, keras.Model):
+            continue
+        names = (*prefix, layer.name)
+        yield list(names), layer
+        yield from _name_paths(layer, names)
+
+
+def _converted_class(base):
+    if base not in _CONVERTED_CLASSES:
+        cls = type(base.__name__, (_Converted, base), {})
+        cls.__module__ = base.__module__
+        _CONVERTED_CLASSES[base] = keras.saving.register_keras_serializable(
+            package="keras_svr_attention", name=_CONVERTED_NAME
+        )(cls)
+    return _CONVERTED_CLASSES[base]
+
+
 def _copy_weights(old_layers, new_layers):
     for old, new in zip(old_layers, new_layers, strict=True):
-        old_vars = old._trainable_variables + old._non_trainable_variables
-        new_vars = new._trainable_variables + new._non_trainable_variables
+        old_vars = internals.variables(old)
+        new_vars = internals.variables(new)
         if isinstance(new, SVRAttention) and not isinstance(old, SVRAttention):
             continue  # the SVR layer's own weights (beta, conv) keep theirs
         if len(old_vars) > len(new_vars):

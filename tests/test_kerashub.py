@@ -5,6 +5,9 @@ Tiny backbones built from config: no preset download. BERT and ViT hold
 `CachedMultiHeadAttention` and decodes with a cache.
 """
 
+import os
+
+import keras
 import numpy as np
 import pytest
 from keras import ops
@@ -133,3 +136,148 @@ def test_gpt2_generates_with_a_cache_as_the_full_forward(attention, options):
         after = new({"token_ids": tokens, "padding_mask": padding})
         diff = ops.convert_to_numpy(after) - ops.convert_to_numpy(before)
         assert np.abs(diff).max() > 1e-4
+
+
+def _masked_block_model(block, mask_zero=True):
+    """ids -> Embedding(mask_zero) -> a KerasHub block: the block's input
+    carries a Keras mask, as in KerasHub's own tests of masked inputs."""
+    ids = keras.Input((None,), dtype="int32")
+    x = keras.layers.Embedding(20, 16, mask_zero=mask_zero)(ids)
+    return keras.Model(ids, block(x))
+
+
+def _padded_ids():
+    ids = np.random.default_rng(5).integers(1, 20, (2, 9)).astype("int32")
+    ids[1, 6:] = 0  # right padding
+    return ids
+
+
+@pytest.mark.parametrize("block", ["encoder", "decoder"])
+def test_converted_blocks_equal_originals_on_masked_inputs(block):
+    # Every row, padded query rows too: with options off the converted
+    # block computes what KerasHub's computed (MultiHeadAttention gives a
+    # fully masked row the mean of the values; CachedMultiHeadAttention
+    # never receives the Keras masks at all).
+    layer = {
+        "encoder": keras_hub.layers.TransformerEncoder(32, 4),
+        "decoder": keras_hub.layers.TransformerDecoder(32, 4),
+    }[block]
+    model = _masked_block_model(layer)
+    random_weights(model, seed=2)
+    ids = _padded_ids()
+    same = ksa.replace_attention(model, "softmax")
+    want = ops.convert_to_numpy(model(ids))
+    got = ops.convert_to_numpy(same(ids))
+    if block == "encoder":
+        # MultiHeadAttention: a padded query row sees no key, and is zero
+        # here (SPEC.md section 6); the valid rows must agree.
+        rows = ids != 0
+        want, got = want[rows], got[rows]
+    assert_allclose(got, want, 1e-5, 1e-5)
+    bnsh = ksa.replace_attention(model, "bn+sh", head_factors=[1, 2, 2, 4])
+    changed = ops.convert_to_numpy(bnsh(ids))
+    assert np.all(np.isfinite(changed))
+    assert np.abs(changed - ops.convert_to_numpy(model(ids))).max() > 1e-4
+
+
+def _decode(decoder, embedding, ids):
+    """Token by token with a cache: `(B, T, F)` outputs."""
+    cache = ops.zeros((2, 2, ids.shape[1], 4, 4))
+    outputs = []
+    for t in range(ids.shape[1]):
+        out, cache = decoder(
+            embedding(ids[:, t : t + 1]),
+            self_attention_cache=cache,
+            self_attention_cache_update_index=t,
+        )
+        outputs.append(ops.convert_to_numpy(out)[:, 0])
+    return np.stack(outputs, axis=1)
+
+
+@pytest.mark.parametrize("attention", ["softmax", "bn+sh"])
+def test_converted_decoder_decodes_with_a_cache_on_masked_inputs(attention):
+    # The inputs carry a Keras mask (Embedding(mask_zero=True)) throughout.
+    ids = _padded_ids()
+    original = keras.Sequential(
+        [
+            keras.layers.Embedding(20, 16, mask_zero=True),
+            keras_hub.layers.TransformerDecoder(32, 4),
+        ]
+    )
+    original(ids)
+    random_weights(original, seed=4)
+    options = {"head_factors": [1, 2, 2, 4]} if attention == "bn+sh" else {}
+    new = ksa.replace_attention(original, attention, **options)
+    steps = _decode(new.layers[1], new.layers[0], ids)
+    valid = ids != 0  # padded steps see no key in KerasHub's own decoding
+    if attention == "softmax":
+        # Options off: the original's own cached decoding, step by step.
+        want = _decode(original.layers[1], original.layers[0], ids)
+        assert_allclose(steps[valid], want[valid], 1e-5, 1e-5)
+    else:
+        # Options on: each step equals the full forward, where no pooled
+        # window is cut by the padding (an explicit causal mask, as
+        # KerasHub's decoder passes, lets the queries in a window cut by
+        # padding see it; decoding cannot know the padding to come).
+        ids[1, 6:] = 7
+        steps = _decode(new.layers[1], new.layers[0], ids)
+        valid = np.ones_like(valid)
+    full = ops.convert_to_numpy(new(ids))
+    assert_allclose(steps[valid], full[valid], 1e-4, 1e-4)
+
+
+CONVERTED = {
+    "bert": lambda: (*_bert()[:2], "sequence_output", [1, 1, 2, 4], 0),
+    "vit": lambda: (*_vit()[:2], None, [1, 1, 2, 4], 1),
+    "gpt2": lambda: (
+        _gpt2_lm(),
+        {
+            "token_ids": _padded_ids() % 50,
+            "padding_mask": _padded_ids() != 0,
+        },
+        None,
+        [1, 2, 2, 4],
+        0,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CONVERTED))
+def test_converted_models_survive_keras_save_and_load(name, tmp_path):
+    model, inputs, key, factors, prefix = CONVERTED[name]()
+    random_weights(model, seed=6)
+    new = ksa.replace_attention(
+        model, "bn+sh", head_factors=factors, num_prefix_tokens=prefix
+    )
+    path = str(tmp_path / "converted.keras")
+    new.save(path)
+    loaded = keras.saving.load_model(path)
+    assert len(_attention(loaded)) == 2
+    for layer in _attention(loaded):
+        assert isinstance(layer, ksa.SVRAttention), type(layer)
+        assert layer.head_factors == tuple(factors)
+    want = ops.convert_to_numpy(_output(new, inputs, key))
+    assert_allclose(_output(loaded, inputs, key), want, 1e-5, 1e-5)
+    # Saved again after loading: still the conversion.
+    loaded.save(path)
+    again = keras.saving.load_model(path)
+    assert_allclose(_output(again, inputs, key), want, 1e-5, 1e-5)
+
+
+SAVED = os.path.join(os.path.dirname(__file__), "data", "converted")
+
+
+@pytest.mark.parametrize("saved_on", ["tensorflow", "jax", "torch"])
+@pytest.mark.parametrize("name", list(CONVERTED))
+def test_converted_models_load_across_backends(name, saved_on):
+    # Files written by tests/scripts/save_converted_models.py on each
+    # backend, with the outputs that backend computed.
+    path = os.path.join(SAVED, f"{name}-{saved_on}")
+    loaded = keras.saving.load_model(path + ".keras")
+    data = np.load(path + ".npz")
+    inputs = {k[3:]: data[k] for k in data.files if k.startswith("in_")}
+    inputs = inputs.get("", inputs) if "" in inputs else inputs
+    for layer in _attention(loaded):
+        assert isinstance(layer, ksa.SVRAttention), type(layer)
+    _, _, key, _, _ = CONVERTED[name]()
+    assert_allclose(_output(loaded, inputs, key), data["output"], 1e-4, 1e-4)

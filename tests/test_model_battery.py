@@ -99,9 +99,7 @@ def test_model_on_unknown_length_predicts_fits_saves_and_exports(
         )
     model.compile("adam", "mse", jit_compile=True)
     x = _inputs(7)
-    history = model.fit(
-        x, np.ones((2, 7, 2), "float32"), epochs=1, verbose=0
-    )
+    history = model.fit(x, np.ones((2, 7, 2), "float32"), epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])
 
     path = os.path.join(tmp_path, "model.keras")
@@ -132,9 +130,7 @@ def test_model_on_unknown_length_predicts_fits_saves_and_exports(
     prefix=st.integers(0, 2),
     padding=st.integers(0, 4),
 )
-def test_causal_outputs_depend_only_on_earlier_positions(
-    mode, prefix, padding
-):
+def test_causal_outputs_depend_only_on_earlier_positions(mode, prefix, padding):
     # Output t on x[:, :t+1] equals output t on x, for every t, and right
     # padding after x changes none of them.
     options = dict(MODES[mode])

@@ -353,11 +353,19 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 f"setting {self._flash_attention!r} (None follows "
                 "keras.config.enable_flash_attention())"
             )
-        if not self._use_keras_masks:
-            query_mask = value_mask = key_mask = None
         key_is_value = key is None or key is value
         key = value if key is None else key
         key_mask = None if key_is_value else key_mask
+        # Fresh tensors: the masks are consumed (or ignored) here, and a
+        # sublayer given a tensor with a Keras mask attached warns that it
+        # drops it.
+        if query_mask is not None:
+            query = ops.copy(query)
+        if value_mask is not None or key_mask is not None:
+            value = ops.copy(value)
+            key = value if key_is_value else ops.copy(key)
+        if not self._use_keras_masks:
+            query_mask = value_mask = key_mask = None
         batch, num_queries = masks_lib.shape_of(query)[:2]
         static = (query.shape[0], query.shape[1], value.shape[1])
         visibility.check_padding_mask(
@@ -365,13 +373,6 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         )
         for name, mask in (("value_mask", value_mask), ("key_mask", key_mask)):
             visibility.check_padding_mask(name, mask, static[0], static[2], "S")
-        # Fresh tensors: the masks are consumed here, and a sublayer given a
-        # tensor with a Keras mask attached warns that it drops it.
-        if query_mask is not None:
-            query = ops.copy(query)
-        if value_mask is not None or key_mask is not None:
-            value = ops.copy(value)
-            key = value if key_is_value else ops.copy(key)
         key_padding = masks_lib.merge_masks(value_mask, key_mask)
 
         gate = self._gate_dense(query) if self._use_gate else None
