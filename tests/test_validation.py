@@ -64,7 +64,7 @@ def _x(*shape):
         (_x(2, 7, 6), _x(9, 5), None, "value"),
         (_x(2, 7, 6), _x(2, 9, 5), _x(2, 9), "key"),
         (_x(2, 7, 6), _x(3, 9, 5), None, "batch size"),
-        (_x(2, 7, 6), _x(2, 9, 5), _x(2, 8, 5), "same length"),
+        (_x(2, 7, 6), _x(2, 9, 5), _x(2, 8, 5), "must be equal"),
     ],
 )
 def test_svr_attention_rejects_bad_shapes(query, value, key, name):

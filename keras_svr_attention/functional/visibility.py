@@ -286,6 +286,20 @@ def _plan_linear(
     return plan
 
 
+def with_causal_mask(mask, query, key):
+    """`mask` AND j <= i, for heads `(B, T, n, D)` / `(B, S, n, D)`.
+
+    For `_compute_attention`'s `use_causal_mask`, the hook argument of
+    `MultiHeadAttention` (the layer itself plans causality above).
+    """
+    num_queries = masks_lib.shape_of(query)[1]
+    num_keys = masks_lib.shape_of(key)[1]
+    causal = masks_lib.causal_mask(num_queries, num_keys)
+    if mask is not None and len(mask.shape) == 4:
+        causal = causal[:, None]
+    return masks_lib.merge_masks(mask, causal)
+
+
 def _broadcast_last(mask, num_keys):
     """`(..., 1)` -> `(..., S)`; other axes keep their (maybe 1) sizes."""
     if mask.shape[-1] is not None and mask.shape[-1] != 1:

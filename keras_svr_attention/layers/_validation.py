@@ -15,7 +15,10 @@ from keras_svr_attention.functional.masks import SPARSITY
 
 
 def _fail(name, expected, value):
-    raise ValueError(f"`{name}` must be {expected}. Received: {name}={value!r}")
+    raise ValueError(
+        f"Received an invalid value for argument `{name}`, expected "
+        f"{expected}. Received: {name}={value!r}"
+    )
 
 
 def _is_int(value):
@@ -175,6 +178,7 @@ def attention_options(
             )
         if dropout:
             raise ValueError(
+                "Dropout is not supported when flash attention is enabled: "
                 "`flash_attention=True` cannot apply `dropout` to attention "
                 "weights it never forms. Received: flash_attention=True, "
                 f"dropout={dropout}"

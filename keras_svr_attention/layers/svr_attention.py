@@ -289,7 +289,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             )
         if value_shape[1] != key_shape[1]:
             raise ValueError(
-                "`key` and `value` must have the same length. Received: "
+                "The lengths of `key` and `value` must be equal. Received: "
                 f"key.shape={tuple(key_shape)}, "
                 f"value.shape={tuple(value_shape)}"
             )
@@ -347,10 +347,11 @@ class SVRAttention(keras.layers.MultiHeadAttention):
     ):
         if return_attention_scores and self._flash_attention:
             raise ValueError(
-                "`return_attention_scores=True` is not supported when flash "
-                "attention is enabled, as in MultiHeadAttention. Received: "
-                f"flash_attention={self._flash_attention_arg!r}, effective "
-                f"setting {self._flash_attention!r} (None follows "
+                "Returning attention scores is not supported when flash "
+                "attention is enabled. Please disable flash attention to "
+                "access attention scores (`return_attention_scores=True`). "
+                f"Received: flash_attention={self._flash_attention_arg!r}, "
+                f"in effect {self._flash_attention!r} (None follows "
                 "keras.config.enable_flash_attention())"
             )
         key_is_value = key is None or key is value
@@ -519,17 +520,16 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 return_attention_scores=return_scores,
             )
         else:
-            # MultiHeadAttention's fast path: `use_causal_mask=True` tells
-            # the kernel that the mask is exactly causal, so a fused kernel
-            # may take `is_causal=True`. Passed only to our own hook, so
-            # that overrides with the older signature keep working (they
-            # get the finished mask, as under MultiHeadAttention).
+            # MultiHeadAttention's causal fast path, for our own hook only:
+            # no mask and `use_causal_mask=True`, so that a fused kernel may
+            # take `is_causal=True`. Overrides (the older signature too) get
+            # the finished mask, as under MultiHeadAttention.
             fast = (
                 group.causal_only
                 and type(self)._compute_attention
                 is SVRAttention._compute_attention
             )
-            mask = group.mask
+            mask = None if fast else group.mask
             if mask is not None and mask.shape[1] == 1:
                 mask = mask[:, 0]  # (B, T, S), as MultiHeadAttention's hook
             out, score = self._compute_attention(
@@ -593,32 +593,30 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         `(B, T, n, D)`, key `(B, S', n, D)`, value `(B, S', n, Dv)` (S' the
         pooled length of the group), `attention_mask` the group's finished
         mask, `(B|1, T|1, S')` or per head `(B|1, n, T|1, S')`, or None.
-        `use_causal_mask=True` says that the mask is exactly the causal
-        one (a fused kernel then takes `is_causal=True`). Recenters the query
+        `use_causal_mask=True` also applies the causal mask j <= i, as in
+        `MultiHeadAttention` (the layer passes it only with no mask: the
+        fused kernel then takes `is_causal=True`). Recenters the query
         (`statistics.recenter_query`), then `kernels.softmax_attention`.
         """
+        # As MultiHeadAttention's hook: `use_causal_mask` also applies the
+        # causal mask, on top of `attention_mask`; alone, the fused kernel
+        # may take `is_causal=True` instead of it.
+        causal_only = use_causal_mask and attention_mask is None
+        if use_causal_mask:
+            attention_mask = visibility.with_causal_mask(
+                attention_mask, query, key
+            )
+        args = (attention_mask, training, return_attention_scores, causal_only)
         dtype = keras.backend.standardize_dtype(query.dtype)
         if self._standardize and dtype == "float16":
             # q / s^2 can exceed float16's range (s^2 ~ epsilon when a query
             # sees one key): attend in float32 and cast back.
             out, scores = self._softmax_attention(
-                *(ops.cast(t, "float32") for t in (query, key, value)),
-                attention_mask,
-                training,
-                return_attention_scores,
-                use_causal_mask,
+                *(ops.cast(t, "float32") for t in (query, key, value)), *args
             )
             scores = None if scores is None else ops.cast(scores, dtype)
             return ops.cast(out, dtype), scores
-        return self._softmax_attention(
-            query,
-            key,
-            value,
-            attention_mask,
-            training,
-            return_attention_scores,
-            use_causal_mask,
-        )
+        return self._softmax_attention(query, key, value, *args)
 
     def _softmax_attention(
         self,
@@ -628,7 +626,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         attention_mask,
         training,
         return_attention_scores,
-        use_causal_mask,
+        causal_only,
     ):
         if self.uses_bn:
             query = statistics.recenter_query(
@@ -650,7 +648,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             key,
             value,
             mask=attention_mask,
-            is_causal=use_causal_mask,
+            is_causal=causal_only,
             scale=self._inverse_sqrt_key_dim,
             dropout=dropout,
             return_scores=return_attention_scores,
