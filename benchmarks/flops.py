@@ -34,9 +34,8 @@ def build(variant, length, width, num_heads, factors, ffn, depth):
     inputs = keras.Input((length, width))
     x = inputs
     for i in range(depth):
-        layer = ksa.get(
-            variant, num_heads, width // num_heads, head_factors=factors
-        )
+        options = ksa.options_used_by(variant, head_factors=factors)
+        layer = ksa.get(variant, num_heads, width // num_heads, **options)
         x = ksa.TransformerEncoderBlock(
             num_heads, ffn, attention=layer, name=f"block_{i}"
         )(x)

@@ -40,7 +40,8 @@ VARIANTS = [
 def make_layer(variant, width, num_heads, factors):
     if variant.startswith("mha"):
         return keras.layers.MultiHeadAttention(num_heads, width // num_heads)
-    return ksa.get(variant, num_heads, width // num_heads, head_factors=factors)
+    options = ksa.options_used_by(variant, head_factors=factors)
+    return ksa.get(variant, num_heads, width // num_heads, **options)
 
 
 def compiled(layer, x, causal, backward):

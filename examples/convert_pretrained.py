@@ -161,9 +161,10 @@ def convert(original, args):
     models = {}
     for name in args.attention.split(","):
         try:
-            models[name] = ksa.replace_attention(
-                original, name, beta=args.beta, head_factors=args.head_factors
+            options = ksa.options_used_by(
+                name, beta=args.beta, head_factors=args.head_factors
             )
+            models[name] = ksa.replace_attention(original, name, **options)
         except ValueError as e:
             reporting.fail(f"--attention {name}: {str(e).splitlines()[0]}")
     return models

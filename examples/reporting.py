@@ -122,7 +122,12 @@ def check_attentions(value, num_heads, key_dim, **options):
     options = {k: v for k, v in options.items() if v is not None}
     for name in names:
         try:
-            ksa.get(name, num_heads, key_dim, **options)
+            ksa.get(
+                name,
+                num_heads,
+                key_dim,
+                **ksa.options_used_by(name, **options),
+            )
         except ValueError as e:
             fail(f"--attention {name}: {str(e).splitlines()[0]}")
     return names

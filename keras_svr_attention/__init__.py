@@ -13,6 +13,7 @@ from keras_svr_attention.layers.presets import AttentionSH
 from keras_svr_attention.layers.presets import LinearAttention
 from keras_svr_attention.layers.presets import SparseAttention
 from keras_svr_attention.layers.presets import get
+from keras_svr_attention.layers.presets import options_used_by
 from keras_svr_attention.layers.svr_attention import SVRAttention
 from keras_svr_attention.models.encoder import StochasticDepth
 from keras_svr_attention.models.encoder import TransformerEncoderBlock
@@ -39,6 +40,7 @@ __all__ = [
     "get",
     "head_redundancy",
     "models",
+    "options_used_by",
     "replace_attention",
     "timeseries_classifier",
     "vit_classifier",

@@ -474,3 +474,116 @@ def test_svr_attention_symbolic_scores_shape():
         T,
         6,
     )
+
+
+def test_hook_runs_once_per_group_under_float16_standardize():
+    calls = []
+
+    class Counting(ksa.SVRAttention):
+        def _compute_attention(self, query, key, value, *args, **kwargs):
+            calls.append(query.shape[2])
+            return super()._compute_attention(
+                query, key, value, *args, **kwargs
+            )
+
+    layer = Counting(
+        num_heads=4,
+        key_dim=3,
+        beta=1.0,
+        standardize=True,
+        head_factors=[1, 2, 1, 2],
+        dtype="float16",
+    )
+    query, value, key = make_inputs()
+    layer(query, value, key)
+    calls.clear()
+    out = layer(query, value, key, use_causal_mask=True)
+    assert calls == [2, 2]  # one call per group of two heads
+    assert np.all(np.isfinite(ops.convert_to_numpy(out)))
+
+
+def test_hook_override_with_the_older_signature_keeps_working():
+    # The signature before Keras 3.15 (no `use_causal_mask`), which
+    # MultiHeadAttention still supports: it gets the finished causal mask.
+    class Older(ksa.SVRAttention):
+        def _compute_attention(
+            self,
+            query,
+            key,
+            value,
+            attention_mask=None,
+            training=None,
+            return_attention_scores=False,
+        ):
+            return super()._compute_attention(
+                query,
+                key,
+                value,
+                attention_mask,
+                training,
+                return_attention_scores,
+            )
+
+    query, value, _ = make_inputs(self_attention=True)
+    for options in ({}, {"beta": 1.0, "head_factors": [1, 2, 3, 2]}):
+        base = ksa.SVRAttention(num_heads=N, key_dim=D, **options)
+        older = Older(num_heads=N, key_dim=D, **options)
+        base(query, value)
+        older(query, value)
+        random_weights(base)
+        older.set_weights(base.get_weights())
+        assert_allclose(
+            older(query, value, use_causal_mask=True),
+            base(query, value, use_causal_mask=True),
+        )
+
+
+@pytest.mark.skipif(
+    keras.config.backend() == "tensorflow",
+    reason="TensorFlow has no fused kernel, so no flash attention",
+)
+def test_flash_error_names_the_setting_in_effect():
+    layer = ksa.SVRAttention(num_heads=2, key_dim=3, flash_attention=True)
+    query, value, _ = make_inputs(self_attention=True)
+    with pytest.raises(ValueError, match=r"flash_attention=True, in effect"):
+        layer(query, value, return_attention_scores=True)
+
+
+def test_per_head_masks_equal_multi_head_attention():
+    query, value, key = make_inputs()
+    mha = keras.layers.MultiHeadAttention(num_heads=N, key_dim=D)
+    layer = ksa.SVRAttention(num_heads=N, key_dim=D)
+    mha(query, value, key)
+    layer(query, value, key)
+    random_weights(mha)
+    layer.set_weights(mha.get_weights())
+    mask = np.random.default_rng(7).random((B, N, T, S)) < 0.6
+    mask[..., 0] = True  # every row sees a key (MHA: uniform otherwise)
+    assert_allclose(
+        layer(query, value, key, attention_mask=mask),
+        mha(query, value, key, attention_mask=mask),
+    )
+
+
+@pytest.mark.parametrize("mode", ["bn", "sh", "bn+sh"])
+def test_per_head_masks_match_numpy_reference_head_by_head(mode):
+    # Head h under a per-head mask equals head h of the layer given that
+    # head's mask for every head (every key is seen by some query here, so
+    # pooled windows hold the same tokens either way).
+    query, value, key = make_inputs()
+    layer = build_layer(mode)
+    layer(query, value, key)
+    random_weights(layer)
+    mask = np.random.default_rng(8).random((B, N, T, S)) < 0.7
+    got = layer(
+        query, value, key, attention_mask=mask, return_attention_scores=True
+    )[1]
+    for h in range(N):
+        one = layer(
+            query,
+            value,
+            key,
+            attention_mask=mask[:, h],
+            return_attention_scores=True,
+        )[1]
+        assert_allclose(got[:, h], one[:, h], err_msg=f"head {h}")

@@ -132,3 +132,54 @@ def test_attention_maps_need_encoder_blocks():
     model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
     with pytest.raises(ValueError, match="`model` has no TransformerEncoder"):
         ksa.attention_maps(model, np.zeros((1, 4, 3), "float32"))
+
+
+@pytest.mark.parametrize("preset", [ksa.AttentionSH, ksa.AttentionBNSH])
+def test_presets_take_numpy_head_counts_like_python_ints(preset):
+    want = (1, 1, 2, 2, 4, 4, 8, 8)
+    assert preset(8, 16).head_factors == want
+    assert preset(np.int64(8), 16).head_factors == want
+
+
+@pytest.mark.parametrize(
+    "name,options,option",
+    [
+        ("sh", {"beta": 0.5}, "beta"),
+        ("softmax", {"head_factors": [1, 2, 1, 2]}, "head_factors"),
+        ("linear+bn", {"head_factors": [1, 2, 1, 2]}, "head_factors"),
+    ],
+)
+def test_get_refuses_options_its_name_does_not_use(name, options, option):
+    with pytest.raises(ValueError, match=f"`{option}`.*'(bn|sh)'"):
+        ksa.get(name, 4, 8, **options)
+    # The builders' helper keeps only what the name uses.
+    assert option not in ksa.options_used_by(name, **options)
+
+
+def _inputs(batch=2, length=5, features=6):
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(batch, length, features)).astype("float32")
+
+
+@pytest.mark.parametrize(
+    "argument,mask",
+    [
+        ("query_mask", np.ones((2, 6), bool)),
+        ("value_mask", np.ones((2, 4), bool)),
+        ("key_mask", np.ones((2, 7), bool)),
+        ("query_mask", np.ones((2, 5, 1), bool)),
+    ],
+)
+def test_masks_of_the_wrong_shape_name_the_mask(argument, mask):
+    layer = ksa.AttentionBNSH(2, 4, head_factors=[1, 2])
+    x, y = _inputs(), _inputs()
+    key = _inputs() if argument == "key_mask" else None
+    with pytest.raises(ValueError, match=f"`{argument}` must have shape"):
+        layer(x, y, key, **{argument: mask})
+
+
+def test_per_head_mask_with_another_head_count_is_refused():
+    layer = ksa.SVRAttention(num_heads=4, key_dim=3)
+    x = _inputs()
+    with pytest.raises(ValueError, match=r"`attention_mask`.*\(B, N, T, S\)"):
+        layer(x, x, attention_mask=np.ones((2, 3, 5, 5), bool))

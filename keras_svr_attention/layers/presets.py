@@ -1,12 +1,22 @@
 """Presets with the paper's names: SVRAttention with options filled in."""
 
+import numbers
+
 from keras_svr_attention.api_export import svr_export
 from keras_svr_attention.layers.svr_attention import SVRAttention
 
 
 def default_head_factors(num_heads):
-    """r_h = 2^(h // 2): 1, 1, 2, 2, 4, 4, 8, 8 for eight heads (SPEC 6)."""
-    return [2 ** (h // 2) for h in range(num_heads)]
+    """r_h = 2^(h // 2): 1, 1, 2, 2, 4, 4, 8, 8 for eight heads (SPEC 6).
+
+    None when `num_heads` is not an integer (Python or NumPy): the layer's
+    own check then names it.
+    """
+    if not isinstance(num_heads, numbers.Integral) or isinstance(
+        num_heads, bool
+    ):
+        return None
+    return [2 ** (h // 2) for h in range(int(num_heads))]
 
 
 @svr_export
@@ -44,7 +54,7 @@ class AttentionSH(SVRAttention):
     """
 
     def __init__(self, num_heads, key_dim, head_factors=None, **kwargs):
-        if head_factors is None and isinstance(num_heads, int):
+        if head_factors is None:
             head_factors = default_head_factors(num_heads)
         super().__init__(
             num_heads, key_dim, head_factors=head_factors, **kwargs
@@ -66,7 +76,7 @@ class AttentionBNSH(SVRAttention):
     def __init__(
         self, num_heads, key_dim, beta=1.0, head_factors=None, **kwargs
     ):
-        if head_factors is None and isinstance(num_heads, int):
+        if head_factors is None:
             head_factors = default_head_factors(num_heads)
         super().__init__(
             num_heads, key_dim, beta=beta, head_factors=head_factors, **kwargs
@@ -146,8 +156,9 @@ def options_for(attention, num_heads, check_only=False, **kwargs):
     A name is a kernel ("softmax", the default, "linear" or "sparse") joined
     by "+" with "bn" (beta, default 1.0) and/or "sh" (head_factors, default
     2^(h // 2) for `num_heads` heads). `kwargs` are further options; a
-    `beta` or `head_factors` of None keeps the default, and options that the
-    name turns off are dropped. Raises `ValueError` for an unknown name.
+    `beta` or `head_factors` of None keeps the default. Raises `ValueError`
+    for an unknown name, and for a `beta` or `head_factors` that the name
+    does not use ("sh" with `beta`, "softmax" with `head_factors`).
 
     >>> options_for("bn+sh", 4)
     {'beta': 1.0, 'head_factors': [1, 1, 2, 2]}
@@ -167,15 +178,36 @@ def options_for(attention, num_heads, check_only=False, **kwargs):
     if check_only:
         return None
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    for option, part in (("beta", "bn"), ("head_factors", "sh")):
+        if option in kwargs and part not in extras:
+            raise ValueError(
+                f"`{option}` needs an attention name with '{part}' (it "
+                f"would be ignored). Received: attention={attention!r}, "
+                f"{option}={kwargs[option]!r}"
+            )
     if "bn" in extras:
         kwargs.setdefault("beta", 1.0)
-    else:
-        kwargs.pop("beta", None)
     if "sh" in extras:
         kwargs.setdefault("head_factors", default_head_factors(num_heads))
-    else:
-        kwargs.pop("head_factors", None)
     return {**_KERNEL_NAMES[kernel], **kwargs}
+
+
+def options_used_by(attention, **options):
+    """`options` without the `beta` / `head_factors` that the name does not
+    use: for builders that carry one value for a family of names (a `beta`
+    for the BN ones, `head_factors` for the SH ones) and call `get` with
+    each name. `get` itself refuses such options.
+
+    >>> options_used_by("bn", beta=0.6, head_factors=[1, 2])
+    {'beta': 0.6}
+    """
+    parts = set(str(attention).lower().replace("-", "+").split("+"))
+    unused = {"beta": "bn", "head_factors": "sh"}
+    return {
+        k: v
+        for k, v in options.items()
+        if k not in unused or unused[k] in parts
+    }
 
 
 def get(attention, num_heads, key_dim, **kwargs):

@@ -109,9 +109,10 @@ class TransformerEncoderBlock(keras.layers.Layer):
                 attention,
                 num_heads,
                 1,
-                beta=beta,
-                head_factors=head_factors,
                 num_prefix_tokens=num_prefix_tokens,
+                **presets.options_used_by(
+                    attention, beta=beta, head_factors=head_factors
+                ),
             )
         self.attention = attention
         self.key_dim = key_dim
@@ -131,10 +132,13 @@ class TransformerEncoderBlock(keras.layers.Layer):
                 self.attention,
                 self.num_heads,
                 self.key_dim or max(width // self.num_heads, 1),
-                beta=self.beta,
-                head_factors=self.head_factors,
                 num_prefix_tokens=self.num_prefix_tokens,
                 dropout=self.attention_dropout,
+                **presets.options_used_by(
+                    self.attention,
+                    beta=self.beta,
+                    head_factors=self.head_factors,
+                ),
                 dtype=self.dtype_policy,
                 name="attention",
             )
