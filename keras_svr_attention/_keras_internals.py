@@ -19,7 +19,7 @@ def sublayers(layer):
 
 
 def variables(layer):
-    """The layer's own and its sublayers' variables, trainable first."""
+    """The layer's own variables (not its sublayers'), trainable first."""
     return layer._trainable_variables + layer._non_trainable_variables
 
 

@@ -13,7 +13,9 @@ import pytest
 from keras import ops
 
 import keras_svr_attention as ksa
+from tests import numpy_reference as ref
 from tests.testing import assert_allclose
+from tests.testing import attention_weights
 from tests.testing import random_weights
 
 keras_hub = pytest.importorskip("keras_hub")
@@ -79,13 +81,54 @@ def test_backbone_conversion(build):
     new = ksa.replace_attention(
         backbone, "bn+sh", head_factors=[1, 1, 2, 4], num_prefix_tokens=prefix
     )
+    # Each converted attention computes, on what its block gives it, the
+    # paper's equations (NumPy) with the original layer's weights and the
+    # requested options.
+    calls = _record_calls(_attention(new))
     got = ops.convert_to_numpy(_output(new, inputs, key))
     assert np.all(np.isfinite(got))
     assert np.abs(got - ops.convert_to_numpy(want)).max() > 1e-4
+    for original, (args, kwargs, output) in zip(
+        _attention(backbone), calls, strict=True
+    ):
+        query = ops.convert_to_numpy(
+            kwargs.get("query", args[0] if args else None)
+        )
+        value = ops.convert_to_numpy(
+            kwargs.get("value", args[1] if len(args) > 1 else None)
+        )
+        mask = kwargs.get("attention_mask")
+        mask = None if mask is None else ops.convert_to_numpy(mask)
+        expected, _ = ref.svr_attention(
+            query.astype("float64"),
+            value.astype("float64"),
+            attention_weights(original),
+            mask=None if mask is None else mask.astype(bool),
+            beta=1.0,
+            head_factors=[1, 1, 2, 4],
+            num_prefix_tokens=prefix,
+        )
+        assert_allclose(output, expected, 1e-4, 1e-4)
     assert len(new.weights) == len(backbone.weights)
     assert all(
         type(a).__name__ == "MultiHeadAttention" for a in _attention(backbone)
     )
+
+
+def _record_calls(layers):
+    """Wraps each layer's `call` to keep its arguments and output."""
+    calls = []
+    for layer in layers:
+        record = []
+        calls.append(record)
+
+        def call(*args, _call=layer.call, _record=record, **kwargs):
+            out = _call(*args, **kwargs)
+            _record.extend([args, kwargs, out])
+            return out
+
+        layer.call = call
+    return calls
 
 
 def _gpt2_lm():

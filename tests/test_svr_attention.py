@@ -416,22 +416,32 @@ def test_svr_attention_gradient_flows_through_mean(options, causal):
 
 
 def test_svr_attention_learned_beta_trains():
+    # One SGD step moves beta by -lr * dLoss/dbeta, the derivative taken
+    # by central finite differences through the model (mu and all).
     layer = ksa.SVRAttention(num_heads=2, key_dim=3, beta=0.5, learn_beta=True)
     inputs = keras.Input((T, 6))
     x = layer(inputs, inputs)
     model = keras.Model(
         inputs, keras.layers.Dense(1)(keras.layers.GlobalAveragePooling1D()(x))
     )
-    model.compile("adam", "mse")
     rng = np.random.default_rng(0)
-    model.fit(
-        rng.normal(size=(8, T, 6)) + 2.0,
-        rng.normal(size=(8, 1)),
-        epochs=2,
-        verbose=0,
-    )
+    x = (rng.normal(size=(8, T, 6)) + 2.0).astype("float32")
+    y = rng.normal(size=(8, 1)).astype("float32")
+
+    def loss(beta):
+        layer.beta_weight.assign(beta)
+        pred = ops.convert_to_numpy(model(x)).astype("float64")
+        return np.mean((pred - y) ** 2)
+
+    eps = 1e-2
+    grad = (loss(0.5 + eps) - loss(0.5 - eps)) / (2 * eps)
+    layer.beta_weight.assign(0.5)
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
     assert layer.beta_weight.trainable
-    assert float(ops.convert_to_numpy(layer.beta_weight)) != 0.5
+    moved = float(ops.convert_to_numpy(layer.beta_weight)) - 0.5
+    assert abs(grad) > 1e-3  # beta matters to the loss
+    np.testing.assert_allclose(moved, -0.1 * grad, rtol=2e-2, atol=1e-5)
 
 
 def test_svr_attention_dropout_only_in_training():

@@ -239,6 +239,10 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         # The mask is built here on every Keras, not by MultiHeadAttention.
         self._sliding_window = options["sliding_window"]
         self._flash_attention_arg = options["flash_attention"]
+        if options["flash_attention"] is False:
+            # MultiHeadAttention keeps `False or <global setting>` (None):
+            # an explicit False must reach the kernel as False.
+            self._flash_attention = False
         self._beta = options["beta"]
         self._standardize = options["standardize"]
         self._learn_beta = options["learn_beta"]
