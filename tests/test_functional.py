@@ -164,6 +164,8 @@ def test_plan_head_groups_matches_numpy_visibility(
             shape = want.shape
             if kernel == "softmax":
                 got = np.ones(shape, bool)
+                if group.causal_only:
+                    got &= ref.causal(num_queries, shape[2])[None]
                 if group.mask is not None:
                     mask = ops.convert_to_numpy(group.mask)
                     mask = mask[:, min(index, mask.shape[1] - 1)]

@@ -10,6 +10,25 @@ from keras_svr_attention.functional.statistics import accumulation_dtype
 from keras_svr_attention.functional.statistics import gather_prefix
 
 
+def fuses(query, value, dropout=None, return_scores=False):
+    """Whether `softmax_attention` takes the fused
+    `keras.ops.dot_product_attention` for these heads."""
+    # keras.ops.dot_product_attention needs equal query and value head dims
+    # (the JAX kernel checks value against (B, S, N, D)), and JAX's computes
+    # logits in float32, so float64 takes the explicit path. TensorFlow has
+    # no fused kernel (its version is this same einsum math), and XLA
+    # compiles its gradient for a single head as slowly as for two
+    # (benchmarks/speed.py: SH training 1.4-1.8x MultiHeadAttention), so
+    # TensorFlow takes the explicit path for one-head groups; groups of
+    # several heads take MultiHeadAttention's own call (same program).
+    fused = query.shape[-1] == value.shape[-1]
+    fused = fused and keras.backend.standardize_dtype(query.dtype) != "float64"
+    fused = fused and (
+        keras.config.backend() != "tensorflow" or query.shape[2] != 1
+    )
+    return fused and dropout is None and not return_scores
+
+
 def softmax_attention(
     query,
     key,
@@ -55,20 +74,7 @@ def softmax_attention(
     """
     scale = scale if scale is not None else query.shape[-1] ** -0.5
     rows = None
-    # keras.ops.dot_product_attention needs equal query and value head dims
-    # (the JAX kernel checks value against (B, S, N, D)), and JAX's computes
-    # logits in float32, so float64 takes the explicit path. TensorFlow has
-    # no fused kernel (its version is this same einsum math), and XLA
-    # compiles its gradient for a single head as slowly as for two
-    # (benchmarks/speed.py: SH training 1.4-1.8x MultiHeadAttention), so
-    # TensorFlow takes the explicit path for one-head groups; groups of
-    # several heads take MultiHeadAttention's own call (same program).
-    fused = query.shape[-1] == value.shape[-1]
-    fused = fused and keras.backend.standardize_dtype(query.dtype) != "float64"
-    fused = fused and (
-        keras.config.backend() != "tensorflow" or query.shape[2] != 1
-    )
-    fused = fused and dropout is None and not return_scores
+    fused = fuses(query, value, dropout, return_scores)
     if mask is not None and len(mask.shape) == 3:
         mask = mask[:, None]  # (B, T, S): one mask for every head
     if is_causal and fused:

@@ -50,9 +50,11 @@ class HeadGroup(NamedTuple):
         counts: `(B|1, S')` float32 valid tokens per pooled key, or None for
             an unpooled group.
         mask: softmax kernel: boolean `(B|1, n|1, T|1, S')`, everything the
-            group's queries may see, or None when they see every key.
-        causal_only: bool. `mask` is exactly the causal mask at offset 0:
-            a fused kernel may take `is_causal=True` instead of the mask.
+            group's queries may see, or None when they see every key (or,
+            with `causal_only`, the keys j <= i).
+        causal_only: bool. The only constraint is causality at offset 0:
+            `mask` is None, and the hook applies j <= i (a fused kernel as
+            `is_causal=True`, without building a mask).
         key_weights: linear kernel: `(B|1, S')` 0/1 valid keys, or None.
         visible: linear kernel under causality: `(1, T)` int32 prefix
             lengths n_i (query i sees keys 0..n_i - 1), or None.
@@ -185,7 +187,6 @@ def plan_head_groups(
             groups, p, num_queries, num_keys, key_padding, attention_mask,
             causal, offset,
         )  # fmt: skip
-    rows = masks_lib.query_positions(num_queries, offset)
     pattern = None
     if sparsity is not None:
         pattern = masks_lib.sparse_mask(
@@ -205,13 +206,18 @@ def plan_head_groups(
         None if pattern is None else pattern[:, None],
     )
     causal_keys = None
-    if causal:
+    if causal and (constraints is not None or not _is_zero(offset)):
         causal_keys = masks_lib.causal_mask(num_queries, num_keys, offset)
         causal_keys = causal_keys[:, None]
     plan = []
     for factor, heads in groups:
         mask = select_heads(constraints, heads, num_heads, axis=1)
         if factor == 1:
+            if causal and mask is None and _is_zero(offset):
+                # Only causality: left to the hook, so that a fused kernel
+                # takes `is_causal=True` and no mask is built.
+                plan.append(HeadGroup(1, heads, causal_only=True))
+                continue
             merged = masks_lib.merge_masks(mask, causal_keys)
             plan.append(
                 HeadGroup(
@@ -220,7 +226,6 @@ def plan_head_groups(
                     mask=None
                     if merged is None
                     else _broadcast_last(merged, num_keys),
-                    causal_only=(causal and mask is None and _is_zero(offset)),
                 )
             )
             continue
@@ -233,6 +238,7 @@ def plan_head_groups(
             pooled_mask = pooling.pool_mask(mask, valid, factor, p)
         counts = pooling.window_counts(valid, factor, p, num_keys)
         if causal:
+            rows = masks_lib.query_positions(num_queries, offset)
             ends = pooling.window_ends(num_keys, factor, p)
             pooled_mask = masks_lib.merge_masks(
                 pooled_mask, (ends[None, :] <= rows[:, None])[None, None]

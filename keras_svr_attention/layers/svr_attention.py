@@ -45,7 +45,16 @@ class SVRAttention(keras.layers.MultiHeadAttention):
     mean of k_1..k_i). SH windows have stride = size = r, the last one
     shorter; padded tokens are left out of each average; a query sees a
     window when it may see every valid token in it. A query row that sees no
-    key outputs exactly zero.
+    key outputs exactly zero. Every mask is merged in one place,
+    `functional.visibility.plan_head_groups`, on symbolic shapes.
+
+    Causality: under `use_causal_mask` (and in cached decoding) the output
+    at position i depends only on inputs and masks at positions <= i. A
+    pooled window is seen by query i only when its whole span ends at or
+    before i, so a window cut short by the end of the sequence or by right
+    padding is not seen by the queries inside it. An explicit
+    lower-triangular `attention_mask` has no positions: there those queries
+    do see their cut window (the only place where the two differ).
 
     Args:
         num_heads: int. Number of heads N.
@@ -135,8 +144,9 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         key: `(B, S, dim_k)` or None (use `value`).
         query_mask, value_mask, key_mask: `(B, T)` / `(B, S)` padding
             masks; taken from the inputs' Keras masks when not given.
-        attention_mask: boolean `(B, T, S)`, `(T, S)` or broadcastable,
-            True where query i may attend to key j.
+        attention_mask: boolean `(B, T, S)`, `(T, S)`, per head
+            `(B, N, T, S)`, or broadcastable, True where query i may attend
+            to key j.
         return_attention_scores: bool. Also return the weights
             `(B, N, T, S)` (refused under `flash_attention=True`, as in
             `MultiHeadAttention`); for pooled heads a window's weight is spread
@@ -533,7 +543,9 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 and type(self)._compute_attention
                 is SVRAttention._compute_attention
             )
-            mask = None if fast else group.mask
+            mask = group.mask
+            if group.causal_only and not fast:
+                mask = visibility.with_causal_mask(None, query, key)
             if mask is not None and mask.shape[1] == 1:
                 mask = mask[:, 0]  # (B, T, S), as MultiHeadAttention's hook
             out, score = self._compute_attention(
@@ -606,7 +618,15 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         # causal mask, on top of `attention_mask`; alone, the fused kernel
         # may take `is_causal=True` instead of it.
         causal_only = use_causal_mask and attention_mask is None
-        if use_causal_mask:
+        dropout = True if self._dropout > 0 and training else None
+        fused_causal = (
+            causal_only
+            and not self.uses_bn
+            and kernels.fuses(query, value, dropout, return_attention_scores)
+        )
+        if use_causal_mask and not fused_causal:
+            # The fused kernel's `is_causal` needs no mask; BN's statistics
+            # and the explicit path do.
             attention_mask = visibility.with_causal_mask(
                 attention_mask, query, key
             )

@@ -39,7 +39,11 @@ def main():
     weights = single.get_weights()
     expected = {
         name: keras.ops.convert_to_numpy(
-            ksa.replace_attention(single, name, head_factors=[1, 1, 2, 4])(x)
+            ksa.replace_attention(
+                single,
+                name,
+                **ksa.options_used_by(name, head_factors=[1, 1, 2, 4]),
+            )(x)
         )
         for name in ("bn", "bn+sh")
     }
@@ -53,7 +57,9 @@ def main():
         sharded.set_weights(weights)
         for name in ("bn", "bn+sh"):
             converted = ksa.replace_attention(
-                sharded, name, head_factors=[1, 1, 2, 4]
+                sharded,
+                name,
+                **ksa.options_used_by(name, head_factors=[1, 1, 2, 4]),
             )
             kernel = converted.get_layer("attention_0").query_dense.kernel
             spec = str(kernel.value.sharding.spec)
