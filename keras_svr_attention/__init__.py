@@ -7,6 +7,9 @@ from keras_svr_attention import models
 from keras_svr_attention.convert import replace_attention
 from keras_svr_attention.diagnostics.heads import attention_maps
 from keras_svr_attention.diagnostics.heads import head_redundancy
+from keras_svr_attention.layers.grouped_query_attention import (
+    SVRGroupedQueryAttention,
+)
 from keras_svr_attention.layers.presets import AttentionBN
 from keras_svr_attention.layers.presets import AttentionBNSH
 from keras_svr_attention.layers.presets import AttentionSH
@@ -20,6 +23,7 @@ from keras_svr_attention.models.encoder import TransformerEncoderBlock
 from keras_svr_attention.models.timeseries import timeseries_classifier
 from keras_svr_attention.models.vit import VIT_PRESETS
 from keras_svr_attention.models.vit import vit_classifier
+from keras_svr_attention.ops import svr_dot_product_attention
 
 __version__ = "0.1.0"
 
@@ -30,6 +34,7 @@ __all__ = [
     "LinearAttention",
     "SparseAttention",
     "SVRAttention",
+    "SVRGroupedQueryAttention",
     "StochasticDepth",
     "TransformerEncoderBlock",
     "VIT_PRESETS",
@@ -42,6 +47,7 @@ __all__ = [
     "models",
     "options_used_by",
     "replace_attention",
+    "svr_dot_product_attention",
     "timeseries_classifier",
     "vit_classifier",
 ]

@@ -13,10 +13,19 @@ import keras
 from keras_svr_attention import _keras_internals as internals
 from keras_svr_attention.api_export import svr_export
 from keras_svr_attention.layers import presets
+from keras_svr_attention.layers.grouped_query_attention import (
+    SVRGroupedQueryAttention,
+)
 from keras_svr_attention.layers.svr_attention import SVRAttention
 
-_SVR_MODULE = SVRAttention.__module__
-_SVR_NAME = keras.saving.get_registered_name(SVRAttention)
+_SVR_CLASSES = (SVRAttention, SVRGroupedQueryAttention)
+
+
+def _target(config):
+    """The SVR class a converted layer's config builds."""
+    if "num_query_heads" in config:
+        return SVRGroupedQueryAttention
+    return SVRAttention
 
 
 def _cached_attention_class():
@@ -33,7 +42,8 @@ def _honoured(layer):
     cls = type(layer)
     return (
         cls is keras.layers.MultiHeadAttention
-        or isinstance(layer, SVRAttention)
+        or cls is keras.layers.GroupQueryAttention
+        or isinstance(layer, _SVR_CLASSES)
         or (cls is not None and cls is _cached_attention_class())
     )
 
@@ -52,8 +62,8 @@ def _unsupported_reason(layer):
     """Why `layer` cannot become SVR attention, or None if it can."""
     if not _honoured(layer):
         return (
-            f"{type(layer).__name__} is not a MultiHeadAttention whose call "
-            "SVRAttention honours"
+            f"{type(layer).__name__} is not a MultiHeadAttention or "
+            "GroupQueryAttention whose call the SVR layers honour"
         )
     axes = layer.get_config().get("attention_axes")
     if axes not in (None, 1, (1,), [1]):
@@ -67,17 +77,19 @@ def _unsupported_reason(layer):
 def _svr_config(layer, attention, options):
     """SVRAttention config for `layer`, or ValueError naming the layer."""
     config = dict(layer.get_config())
-    config["attention_axes"] = None
+    target = _target(config)
+    if target is SVRAttention:
+        config["attention_axes"] = None
     if type(layer) is _cached_attention_class():
         # Its call takes no query/value/key masks, so Keras never passes
         # the inputs' masks to it: neither may the converted layer use them.
         config["use_keras_masks"] = False
     try:
-        svr_options = presets.options_for(
-            attention, config["num_heads"], **options
-        )
+        # SH factors: one per head, or per key/value head under GQA.
+        heads = config.get("num_key_value_heads", config.get("num_heads"))
+        svr_options = presets.options_for(attention, heads, **options)
         merged = {**config, **svr_options}
-        SVRAttention(**merged)  # every check, nothing built
+        target(**merged)  # every check, nothing built
     except ValueError as error:
         raise ValueError(
             f"Cannot convert layer {layer.name!r} "
@@ -184,7 +196,8 @@ def replace_attention(
         type(layer).__name__: type(layer)
         for layer in internals.flatten_layers(model, include_self=True)
     }
-    classes[_SVR_NAME] = SVRAttention
+    for cls in _SVR_CLASSES:
+        classes[keras.saving.get_registered_name(cls)] = cls
     new = keras.saving.deserialize_keras_object(
         serialized, custom_objects=classes
     )
@@ -211,11 +224,12 @@ def _rewrite_config(node, by_name):
         isinstance(config, dict)
         and "class_name" in node
         and config.get("name") in by_name
-        and "num_heads" in config
+        and ("num_heads" in config or "num_query_heads" in config)
     ):
-        node["module"] = _SVR_MODULE
-        node["class_name"] = "SVRAttention"
-        node["registered_name"] = _SVR_NAME
+        cls = _target(config)
+        node["module"] = cls.__module__
+        node["class_name"] = cls.__name__
+        node["registered_name"] = keras.saving.get_registered_name(cls)
         node["config"] = by_name[config["name"]]
         return
     for value in node.values():
@@ -247,7 +261,7 @@ def _swap(model, current, config):
             f"Cannot find the attribute of {owner.name!r} that holds "
             f"attention {current.name!r}."
         )
-    replacement = SVRAttention.from_config(config)
+    replacement = _target(config).from_config(config)
     if current.built:
         replacement.build(**internals.attention_build_shapes(current))
     internals.swap_sublayer(owner, name, current, replacement)
@@ -367,7 +381,7 @@ def _copy_weights(old_layers, new_layers):
     for old, new in zip(old_layers, new_layers, strict=True):
         old_vars = internals.variables(old)
         new_vars = internals.variables(new)
-        if isinstance(new, SVRAttention) and not isinstance(old, SVRAttention):
+        if isinstance(new, _SVR_CLASSES) and not isinstance(old, _SVR_CLASSES):
             continue  # the SVR layer's own weights (beta, conv) keep theirs
         if len(old_vars) > len(new_vars):
             raise ValueError(

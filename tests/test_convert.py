@@ -192,7 +192,7 @@ def test_options_that_do_not_fit_name_the_layer_and_change_nothing():
 def _model_with_unsupported():
     inputs = keras.Input((LENGTH, FEATURES))
     x = keras.layers.MultiHeadAttention(2, 4, name="ok")(inputs, inputs)
-    y = keras.layers.GroupQueryAttention(4, 4, 2, name="gqa")(x, x)
+    y = keras.layers.AdditiveAttention(name="additive")([x, x])
     grid = keras.Input((3, 4, FEATURES))
     z = keras.layers.MultiHeadAttention(
         2, 4, attention_axes=(1, 2), name="axes"
@@ -202,13 +202,13 @@ def _model_with_unsupported():
 
 def test_unconvertible_layers_are_named_or_skipped():
     model = _model_with_unsupported()
-    with pytest.raises(ValueError, match="'gqa'.*GroupedQueryAttention"):
+    with pytest.raises(ValueError, match="'additive'.*AdditiveAttention"):
         ksa.replace_attention(model)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         new = ksa.replace_attention(model, skip_unsupported=True)
     messages = " ".join(str(w.message) for w in caught)
-    assert "'gqa'" in messages and "'axes'" in messages
+    assert "'additive'" in messages and "'axes'" in messages
     assert "attention_axes" in messages
     assert isinstance(new.get_layer("ok"), ksa.SVRAttention)
     assert type(new.get_layer("axes")) is keras.layers.MultiHeadAttention

@@ -74,7 +74,7 @@ def positive_float(name, value):
     return float(value)
 
 
-def factors_per_head(value, num_heads):
+def factors_per_head(value, num_heads, heads_name="num_heads"):
     """None -> all ones; else one integer >= 1 per head."""
     if value is None:
         return (1,) * num_heads
@@ -87,7 +87,7 @@ def factors_per_head(value, num_heads):
     ):
         raise ValueError(
             "`head_factors` must hold one integer >= 1 per head "
-            f"(num_heads={num_heads}). Received: head_factors={value!r}"
+            f"({heads_name}={num_heads}). Received: head_factors={value!r}"
         )
     return tuple(int(f) for f in factors)
 

@@ -5,11 +5,9 @@ import numpy as np
 from keras import ops
 
 from keras_svr_attention.api_export import svr_export
+from keras_svr_attention.functional import attention
 from keras_svr_attention.functional import conv
-from keras_svr_attention.functional import kernels
 from keras_svr_attention.functional import masks as masks_lib
-from keras_svr_attention.functional import pooling
-from keras_svr_attention.functional import statistics
 from keras_svr_attention.functional import visibility
 from keras_svr_attention.layers import _validation as check
 
@@ -264,9 +262,6 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         self._block_size = options["block_size"]
         self._conv_kernel_size = options["conv_kernel_size"]
         self._conv_grid = options["conv_grid"]
-        self._head_order = _inverse_order(
-            pooling.group_heads(self._head_factors)
-        )
 
     @property
     def beta(self):
@@ -430,22 +425,18 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             pending=pending,
             kernel=self._kernel,
         )
-        outputs, scores = [], []
-        for group in plan:
-            out, score = self._attend_group(
-                group,
-                query,
-                key,
-                value,
-                training,
-                return_attention_scores,
-                use_causal_mask,
-            )
-            outputs.append(out)
-            scores.append(score)
-        output = self._merge_heads(outputs, axis=2)
-        if return_attention_scores:
-            scores = self._merge_heads(scores, axis=1)
+        output, scores = attention.attend_groups(
+            query,
+            key,
+            value,
+            plan,
+            lambda *group: self._attend_group(
+                *group, training, return_attention_scores
+            ),
+            self._num_prefix_tokens,
+            return_attention_scores,
+            transform_key=lambda k: self._convolve(k, "key", use_causal_mask),
+        )
         if self._kernel == "linear" and query_mask is not None:
             # Padded queries see nothing: exact zeros, as under softmax.
             rows = ops.cast(query_mask, "bool")
@@ -505,73 +496,39 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             key_padding = ops.cast(key_padding, "bool")
         return key, value, cache, key_padding, pending
 
-    def _attend_group(
-        self, group, query, key, value, training, return_scores, causal
-    ):
-        """One group of heads: select, pool (Eqn 25), then the kernel hook.
-
-        Returns `(output (B, T, n, Dv), scores (B, n, T, S) or None)`, the
-        scores of pooled heads spread back over the unpooled keys.
-        """
-        p = self._num_prefix_tokens
-        num_keys = masks_lib.shape_of(value)[1]
-        heads = group.heads
-        query = visibility.select_heads(query, heads, self._num_heads, 2)
-        key = visibility.select_heads(key, heads, self._num_heads, 2)
-        value = visibility.select_heads(value, heads, self._num_heads, 2)
-        if group.factor > 1:
-            pool = (group.factor, p, group.valid, group.counts)
-            key, _ = pooling.pool_sequence(key, *pool)
-            value, _ = pooling.pool_sequence(value, *pool)
-        key = self._convolve(key, "key", causal)
+    def _attend_group(self, group, query, key, value, training, scores):
+        """One head group, through the kernel hooks."""
         if self._kernel == "linear":
-            out, score = self._compute_linear_attention(
+            return self._compute_linear_attention(
                 query,
                 key,
                 value,
                 key_weights=group.key_weights,
                 visible=group.visible,
-                return_attention_scores=return_scores,
+                return_attention_scores=scores,
             )
-        else:
-            # MultiHeadAttention's causal fast path, for our own hook only:
-            # no mask and `use_causal_mask=True`, so that a fused kernel may
-            # take `is_causal=True`. Overrides (the older signature too) get
-            # the finished mask, as under MultiHeadAttention.
-            fast = (
-                group.causal_only
-                and type(self)._compute_attention
-                is SVRAttention._compute_attention
-            )
-            mask = group.mask
-            if group.causal_only and not fast:
-                mask = visibility.with_causal_mask(None, query, key)
-            if mask is not None and mask.shape[1] == 1:
-                mask = mask[:, 0]  # (B, T, S), as MultiHeadAttention's hook
-            out, score = self._compute_attention(
-                query,
-                key,
-                value,
-                mask,
-                training,
-                return_scores,
-                **({"use_causal_mask": True} if fast else {}),
-            )
-        if return_scores and group.factor > 1:
-            score = pooling.spread_scores(
-                score, group.factor, p, group.counts, group.valid, num_keys
-            )
-        return out, score
-
-    def _merge_heads(self, tensors, axis):
-        merged = (
-            tensors[0]
-            if len(tensors) == 1
-            else ops.concatenate(tensors, axis=axis)
+        # MultiHeadAttention's causal fast path, for our own hook only: no
+        # mask and `use_causal_mask=True`, so that a fused kernel may take
+        # `is_causal=True`. Overrides (the older signature too) get the
+        # finished mask, as under MultiHeadAttention.
+        fast = (
+            group.causal_only
+            and type(self)._compute_attention is SVRAttention._compute_attention
         )
-        if self._head_order is not None:
-            merged = ops.take(merged, self._head_order, axis=axis)
-        return merged
+        mask = group.mask
+        if group.causal_only and not fast:
+            mask = visibility.with_causal_mask(None, query, key)
+        if mask is not None and mask.shape[1] == 1:
+            mask = mask[:, 0]  # (B, T, S), as MultiHeadAttention's hook
+        return self._compute_attention(
+            query,
+            key,
+            value,
+            mask,
+            training,
+            scores,
+            **({"use_causal_mask": True} if fast else {}),
+        )
 
     def _convolve(self, x, which, causal):
         """Attention-Conv1D/2D: the shared depth-wise kernel on q or k."""
@@ -616,50 +573,19 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         """
         # As MultiHeadAttention's hook: `use_causal_mask` also applies the
         # causal mask, on top of `attention_mask`; alone, the fused kernel
-        # may take `is_causal=True` instead of it.
+        # may take `is_causal=True` instead of building it.
         causal_only = use_causal_mask and attention_mask is None
-        dropout = True if self._dropout > 0 and training else None
-        fused_causal = (
-            causal_only
-            and not self.uses_bn
-            and kernels.fuses(query, value, dropout, return_attention_scores)
-        )
-        if use_causal_mask and not fused_causal:
-            # The fused kernel's `is_causal` needs no mask; BN's statistics
-            # and the explicit path do.
+        if use_causal_mask and attention_mask is not None:
             attention_mask = visibility.with_causal_mask(
                 attention_mask, query, key
             )
-        args = (attention_mask, training, return_attention_scores, causal_only)
         dtype = keras.backend.standardize_dtype(query.dtype)
-        if self._standardize and dtype == "float16":
+        cast = self._standardize and dtype == "float16"
+        if cast:
             # q / s^2 can exceed float16's range (s^2 ~ epsilon when a query
             # sees one key): attend in float32 and cast back.
-            out, scores = self._softmax_attention(
-                *(ops.cast(t, "float32") for t in (query, key, value)), *args
-            )
-            scores = None if scores is None else ops.cast(scores, dtype)
-            return ops.cast(out, dtype), scores
-        return self._softmax_attention(query, key, value, *args)
-
-    def _softmax_attention(
-        self,
-        query,
-        key,
-        value,
-        attention_mask,
-        training,
-        return_attention_scores,
-        causal_only,
-    ):
-        if self.uses_bn:
-            query = statistics.recenter_query(
-                query,
-                key,
-                self._beta_value(),
-                mask=attention_mask,
-                standardize=self._standardize,
-                epsilon=self._epsilon,
+            query, key, value = (
+                ops.cast(t, "float32") for t in (query, key, value)
             )
         dropout = None
         if self._dropout > 0 and training:
@@ -667,17 +593,24 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             def dropout(w):
                 return self._dropout_layer(w, training=training)
 
-        return kernels.softmax_attention(
+        out, scores = attention.softmax_group(
             query,
             key,
             value,
-            mask=attention_mask,
-            is_causal=causal_only,
+            attention_mask,
+            causal_only,
+            beta=self._beta_value(),
+            standardize=self._standardize,
+            epsilon=self._epsilon,
             scale=self._inverse_sqrt_key_dim,
             dropout=dropout,
             return_scores=return_attention_scores,
             flash_attention=self._flash_attention,
         )
+        if cast:
+            out = ops.cast(out, dtype)
+            scores = None if scores is None else ops.cast(scores, dtype)
+        return out, scores
 
     def _compute_linear_attention(
         self,
@@ -697,22 +630,15 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         and k (`statistics.recenter_linear`), then
         `kernels.linear_attention`.
         """
-        if self.uses_bn:
-            query, key = statistics.recenter_linear(
-                query,
-                key,
-                self._beta_value(),
-                key_weights=key_weights,
-                visible=visible,
-                standardize=self._standardize,
-                epsilon=self._epsilon,
-            )
-        return kernels.linear_attention(
+        return attention.linear_group(
             query,
             key,
             value,
-            key_weights=key_weights,
-            counts=visible,
+            key_weights,
+            visible,
+            beta=self._beta_value(),
+            standardize=self._standardize,
+            epsilon=self._epsilon,
             return_scores=return_attention_scores,
         )
 
@@ -771,12 +697,3 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             }
         )
         return config
-
-
-def _inverse_order(groups):
-    """Permutation that restores head order after concatenating groups, or
-    None when the groups are already in order."""
-    order = [h for _, heads in groups for h in heads]
-    if order == sorted(order):
-        return None
-    return [order.index(h) for h in range(len(order))]

@@ -1,0 +1,156 @@
+"""`svr_dot_product_attention`: SVR attention as a functional op.
+
+The counterpart of `keras.ops.dot_product_attention`, for use inside any
+attention layer: the same layout and arguments, plus the options of the
+primal-dual framework. It is the computation of the layers (the same
+planner, `functional.visibility`, and the same per-group kernels,
+`functional.attention`), not a copy.
+"""
+
+from keras import ops
+
+from keras_svr_attention.api_export import svr_export
+from keras_svr_attention.functional import attention
+from keras_svr_attention.functional import masks as masks_lib
+from keras_svr_attention.functional import visibility
+from keras_svr_attention.layers import _validation as check
+
+
+@svr_export
+def svr_dot_product_attention(
+    query,
+    key,
+    value,
+    mask=None,
+    is_causal=False,
+    scale=None,
+    flash_attention=None,
+    beta=None,
+    standardize=False,
+    epsilon=1e-5,
+    head_factors=None,
+    kernel="softmax",
+    num_prefix_tokens=0,
+    causal_offset=0,
+):
+    """Scaled dot-product attention with Attention-BN and -SH.
+
+    ```text
+    h_i = sum_j softmax_j(scale (q_i - b mu_i)^T k'_j | m_ij) v'_j
+    ```
+
+    where:
+    - query `(B, T, N, H)`, key and value `(B, S, K, H)`, K dividing N
+      (grouped-query attention: query head u uses key/value head
+      u // (N / K), as `keras.layers.GroupQueryAttention`);
+    - `k'`, `v'` are the keys and values of key/value head g average-pooled
+      by `head_factors[g]` (Eqn 25; windows of r tokens after the
+      `num_prefix_tokens` prefix keys, the last one shorter), seen by the
+      whole query group of g;
+    - `mu_i` is the mean of the (pooled) keys query i sees, weighted by
+      `beta` (Eqn 26; with `standardize`, Eqn 22);
+    - `m` is `mask` and, with `is_causal`, j <= `causal_offset` + i. Under
+      causality a pooled window is seen only by queries at or after the end
+      of its full span, so no output depends on a later position (SPEC.md
+      section 6); a query that sees no key outputs zeros.
+
+    Args:
+        query: `(B, T, N, H)`.
+        key: `(B, S, K, H)`.
+        value: `(B, S, K, H)`.
+        mask: boolean, broadcastable to `(B, N, T, S)` (NumPy rules, as in
+            `keras.ops.dot_product_attention`), or None.
+        is_causal: bool. Query i sees only keys j <= `causal_offset` + i.
+        scale: float. Defaults to `1 / sqrt(H)`.
+        flash_attention: passed to `keras.ops.dot_product_attention` where
+            the fused kernel applies.
+        beta: float, scalar tensor or None. Recentering weight (None or 0:
+            off).
+        standardize: bool. Also divide by the keys' standard deviation.
+        epsilon: float > 0. Added to the variance under `standardize`.
+        head_factors: one int >= 1 per key/value head, or None (all 1).
+        kernel: "softmax" or "linear" (Phi(x) = elu(x) + 1; `mask` must then
+            be a key padding mask, broadcastable to `(B, 1, 1, S)`).
+        num_prefix_tokens: int. Leading keys never pooled.
+        causal_offset: int or int tensor. Position of query 0 among the keys
+            (cached decoding: the cache index).
+
+    Returns:
+        `(B, T, N, H)` in the query's dtype.
+
+    Example:
+
+    >>> import keras
+    >>> q = keras.random.normal((2, 10, 8, 16), seed=0)
+    >>> kv = keras.random.normal((2, 10, 2, 16), seed=1)
+    >>> out = svr_dot_product_attention(
+    ...     q, kv, kv, is_causal=True, beta=1.0, head_factors=[1, 2])
+    >>> tuple(out.shape)
+    (2, 10, 8, 16)
+    """
+    num_heads, num_kv_heads = query.shape[2], key.shape[2]
+    if (
+        len(query.shape) != 4
+        or len(key.shape) != 4
+        or len(value.shape) != 4
+        or num_heads % num_kv_heads
+        or key.shape[2] != value.shape[2]
+    ):
+        raise ValueError(
+            "`query` must be (B, T, N, H) and `key`, `value` (B, S, K, H) "
+            "with K dividing N. Received: "
+            f"query.shape={tuple(query.shape)}, key.shape="
+            f"{tuple(key.shape)}, value.shape={tuple(value.shape)}"
+        )
+    if kernel not in check.KERNELS:
+        raise ValueError(
+            f"`kernel` must be one of {check.KERNELS}. Received: "
+            f"kernel={kernel!r}"
+        )
+    groups = num_heads // num_kv_heads
+    factors = check.factors_per_head(head_factors, num_kv_heads)
+    factors = tuple(f for f in factors for _ in range(groups))
+    if groups > 1:
+        key = ops.repeat(key, groups, axis=2)
+        value = ops.repeat(value, groups, axis=2)
+    if mask is not None:
+        mask = ops.cast(mask, "bool")
+        while len(mask.shape) < 4:
+            mask = ops.expand_dims(mask, 0)
+    num_keys = masks_lib.shape_of(key)[1]
+    plan = visibility.plan_head_groups(
+        factors,
+        num_prefix_tokens,
+        masks_lib.shape_of(query)[1],
+        num_keys,
+        attention_mask=mask,
+        causal=is_causal,
+        offset=causal_offset,
+        kernel=kernel,
+    )
+    beta = 0.0 if beta is None else beta
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+
+    def attend(group, q, k, v):
+        if kernel == "linear":
+            return attention.linear_group(
+                q, k, v, group.key_weights, group.visible, beta,
+                standardize, epsilon,
+            )  # fmt: skip
+        return attention.softmax_group(
+            q,
+            k,
+            v,
+            group.mask,
+            group.causal_only,
+            beta,
+            standardize,
+            epsilon,
+            scale,
+            flash_attention=flash_attention,
+        )
+
+    output, _ = attention.attend_groups(
+        query, key, value, plan, attend, num_prefix_tokens
+    )
+    return output

@@ -1,0 +1,144 @@
+"""SVRGroupedQueryAttention against Keras's GroupQueryAttention and the op,
+and Keras's own grouped_query_attention_test.py run against it."""
+
+import importlib
+import types
+
+import keras
+import numpy as np
+import pytest
+
+import keras_svr_attention as ksa
+from tests.testing import assert_allclose
+from tests.testing import random_weights
+
+B, T, S, F = 2, 7, 9, 10
+ARGS = {"head_dim": 3, "num_query_heads": 4, "num_key_value_heads": 2}
+
+
+def _inputs(seed=0):
+    rng = np.random.default_rng(seed)
+    return (
+        rng.normal(size=(B, T, F)).astype("float32"),
+        rng.normal(size=(B, S, F)).astype("float32"),
+    )
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "padding", "attention"])
+def test_options_off_equal_group_query_attention(mask):
+    query, value = _inputs()
+    if mask == "causal":
+        value = query
+    gqa = keras.layers.GroupQueryAttention(**ARGS)
+    svr = ksa.SVRGroupedQueryAttention(**ARGS)
+    gqa(query, value)
+    svr(query, value)
+    random_weights(gqa)
+    svr.set_weights(gqa.get_weights())
+    kwargs = {}
+    if mask == "causal":
+        kwargs["use_causal_mask"] = True
+    elif mask == "padding":
+        kwargs["value_mask"] = np.arange(S)[None] < np.array([[S], [4]])
+    elif mask == "attention":
+        m = np.random.default_rng(1).random((B, T, S)) < 0.6
+        m[..., 0] = True
+        kwargs["attention_mask"] = m
+    assert_allclose(svr(query, value, **kwargs), gqa(query, value, **kwargs))
+
+
+@pytest.mark.parametrize("kernel", ["softmax", "linear"])
+def test_layer_is_the_op_on_its_projections(kernel):
+    options = {"beta": 0.7, "head_factors": [1, 3], "kernel": kernel}
+    layer = ksa.SVRGroupedQueryAttention(**ARGS, **options)
+    query, _ = _inputs()
+    want = layer(query, query, use_causal_mask=True)
+    out = ksa.svr_dot_product_attention(
+        layer._query_dense(query),
+        layer._key_dense(query),
+        layer._value_dense(query),
+        is_causal=True,
+        **options,
+    )
+    assert_allclose(layer._output_dense(out), want, 1e-5, 1e-5)
+
+
+def test_options_change_the_output_and_the_layer_trains_and_saves(tmp_path):
+    inputs = keras.Input((None, F))
+    layer = ksa.SVRGroupedQueryAttention(
+        **ARGS, beta=1.0, head_factors=[1, 2], learn_beta=True
+    )
+    x = layer(inputs, inputs, use_causal_mask=True)
+    model = keras.Model(inputs, keras.layers.Dense(1)(x))
+    model.compile("adam", "mse", jit_compile=True)
+    query, _ = _inputs()
+    history = model.fit(query, np.ones((B, T, 1)), epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+    path = str(tmp_path / "gqa.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert loaded.layers[1].head_factors == (1, 2)
+    assert_allclose(
+        loaded.predict(query, verbose=0), model.predict(query, verbose=0)
+    )
+    plain = ksa.SVRGroupedQueryAttention(**ARGS)
+    plain(query, query)
+    plain.set_weights([w for w in layer.get_weights() if w.shape != ()])
+    diff = keras.ops.convert_to_numpy(
+        plain(query, query, use_causal_mask=True)
+        - layer(query, query, use_causal_mask=True)
+    )
+    assert np.abs(diff).max() > 1e-4
+
+
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        ({"head_factors": [1, 2, 2, 4]}, "head_factors"),
+        ({"num_key_value_heads": 3}, "num_query_heads"),
+        ({"beta": -1.0}, "beta"),
+        ({"kernel": "cosine"}, "kernel"),
+    ],
+)
+def test_bad_options_name_the_argument(kwargs, name):
+    with pytest.raises(ValueError, match=f"`{name}`"):
+        ksa.SVRGroupedQueryAttention(**{**ARGS, **kwargs})
+
+
+def test_replace_attention_converts_group_query_attention():
+    inputs = keras.Input((T, F))
+    x = keras.layers.GroupQueryAttention(**ARGS)(inputs, inputs)
+    model = keras.Model(inputs, keras.layers.Dense(2)(x))
+    random_weights(model)
+    query, _ = _inputs()
+    same = ksa.replace_attention(model, "softmax")
+    assert isinstance(same.layers[1], ksa.SVRGroupedQueryAttention)
+    assert_allclose(same(query), model(query))
+    new = ksa.replace_attention(model, "bn+sh", head_factors=[1, 2])
+    assert new.layers[1].head_factors == (1, 2)
+    assert isinstance(model.layers[1], keras.layers.GroupQueryAttention)
+    assert type(model.layers[1]) is keras.layers.GroupQueryAttention
+
+
+keras_tests = pytest.importorskip(
+    "keras.src.layers.attention.grouped_query_attention_test"
+)
+
+
+class _Layers(types.ModuleType):
+    """`keras.layers` with SVRGroupedQueryAttention in its place."""
+
+    GroupedQueryAttention = ksa.SVRGroupedQueryAttention
+    GroupQueryAttention = ksa.SVRGroupedQueryAttention
+
+    def __getattr__(self, name):
+        return getattr(importlib.import_module("keras.src.layers"), name)
+
+
+keras_tests.layers = _Layers("layers")
+
+
+class TestKerasGroupedQueryAttentionSuite(
+    keras_tests.GroupedQueryAttentionTest
+):
+    pass

@@ -1,0 +1,149 @@
+"""`svr_dot_product_attention` against Keras's op and the NumPy equations."""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+import keras_svr_attention as ksa
+from tests import numpy_reference as ref
+from tests.testing import assert_allclose
+
+B, T, S, N, K, H = 2, 7, 9, 4, 2, 3
+
+
+def _heads(seed=0, length=S, heads=K):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(B, length, heads, H)).astype("float32")
+
+
+def _identity_weights(num_heads):
+    """Projections that pass heads through: the reference then attends to
+    the given heads, `(B, T, N * H)` laid out head by head."""
+    eye = np.eye(num_heads * H).reshape(num_heads * H, num_heads, H)
+    return {
+        "wq": eye,
+        "bq": np.zeros((num_heads, H)),
+        "wk": eye,
+        "bk": np.zeros((num_heads, H)),
+        "wv": eye,
+        "bv": np.zeros((num_heads, H)),
+        "wo": eye.reshape(num_heads, H, num_heads * H),
+        "bo": np.zeros(num_heads * H),
+    }
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_op_with_options_off_equals_keras_dot_product_attention(causal):
+    q = _heads(0, T if causal else T, N)
+    length = T if causal else S
+    k, v = _heads(1, length), _heads(2, length)
+    mask = np.random.default_rng(3).random((B, 1, T, length)) < 0.7
+    mask[..., 0] = True
+    got = ksa.svr_dot_product_attention(q, k, v, mask=mask, is_causal=causal)
+    repeat = N // K
+    want = ops.dot_product_attention(
+        q,
+        np.repeat(k, repeat, axis=2),
+        np.repeat(v, repeat, axis=2),
+        mask=mask,
+        is_causal=causal,
+    )
+    assert_allclose(got, want, 1e-5, 1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("kernel", ["softmax", "linear"])
+def test_op_matches_numpy_equations_with_kv_heads(kernel, causal):
+    # K/V head g serves query heads g * N/K ... : the reference runs N heads
+    # on repeated K/V heads with each factor repeated likewise.
+    length = T if causal else S
+    q, k, v = _heads(0, T, N), _heads(1, length), _heads(2, length)
+    got = ksa.svr_dot_product_attention(
+        q,
+        k,
+        v,
+        is_causal=causal,
+        beta=0.8,
+        head_factors=[1, 3],
+        kernel=kernel,
+        num_prefix_tokens=1,
+    )
+    flat = lambda x: np.repeat(x, N // x.shape[2], axis=2).reshape(  # noqa: E731
+        B, x.shape[1], N * H
+    )
+    want, _ = ref.svr_attention(
+        flat(q).astype("float64"),
+        flat(v).astype("float64"),
+        _identity_weights(N),
+        key=flat(k).astype("float64"),
+        causal_mask=causal,
+        beta=0.8,
+        head_factors=[1, 1, 3, 3],
+        num_prefix_tokens=1,
+        kernel=kernel,
+    )
+    assert_allclose(ops.reshape(got, (B, T, N * H)), want, 1e-4, 1e-4)
+
+
+def test_op_is_the_layers_computation():
+    # The layer's heads through the op give the layer's output.
+    layer = ksa.SVRAttention(
+        num_heads=N, key_dim=H, beta=1.0, head_factors=[1, 1, 2, 4]
+    )
+    x = np.random.default_rng(4).normal(size=(B, T, 5)).astype("float32")
+    want = layer(x, x, use_causal_mask=True)
+    heads = layer.query_dense(x), layer.key_dense(x), layer.value_dense(x)
+    out = ksa.svr_dot_product_attention(
+        *heads, is_causal=True, beta=1.0, head_factors=[1, 1, 2, 4]
+    )
+    assert_allclose(layer.output_dense(out), want, 1e-5, 1e-5)
+
+
+def test_op_causal_offset_decodes_as_the_full_forward():
+    q, k, v = _heads(0, S, N), _heads(1), _heads(2)
+    options = {"beta": 1.0, "head_factors": [2, 3], "is_causal": True}
+    full = ops.convert_to_numpy(
+        ksa.svr_dot_product_attention(q, k, v, **options)
+    )
+    for t in range(S):
+        step = ksa.svr_dot_product_attention(
+            q[:, t : t + 1], k, v, causal_offset=t, **options
+        )
+        assert_allclose(step[:, 0], full[:, t], 1e-5, 1e-5, err_msg=f"t={t}")
+
+
+@pytest.mark.parametrize(
+    "shapes,match",
+    [
+        (((B, T, 3, H), (B, S, 2, H), (B, S, 2, H)), "K dividing N"),
+        (((B, T, H), (B, S, 2, H), (B, S, 2, H)), "query"),
+    ],
+)
+def test_op_refuses_bad_shapes(shapes, match):
+    q, k, v = (np.zeros(s, "float32") for s in shapes)
+    with pytest.raises(ValueError, match=match):
+        ksa.svr_dot_product_attention(q, k, v)
+
+
+def test_op_refuses_head_factors_per_query_head():
+    q, k, v = _heads(0, T, N), _heads(1), _heads(2)
+    with pytest.raises(ValueError, match="`head_factors`.*num_heads=2"):
+        ksa.svr_dot_product_attention(q, k, v, head_factors=[1, 1, 2, 2])
+
+
+def test_op_traces_in_a_model_with_unknown_length():
+    inputs = keras.Input((None, N, H))
+    kv = keras.Input((None, K, H))
+    out = keras.layers.Lambda(
+        lambda t: ksa.svr_dot_product_attention(
+            t[0], t[1], t[1], is_causal=True, beta=1.0, head_factors=[1, 2]
+        )
+    )([inputs, kv])
+    model = keras.Model([inputs, kv], out)
+    for length in (5, 8):
+        q, k = _heads(0, length, N), _heads(1, length)
+        want = ksa.svr_dot_product_attention(
+            q, k, k, is_causal=True, beta=1.0, head_factors=[1, 2]
+        )
+        assert_allclose(model.predict([q, k], verbose=0), want, 1e-5, 1e-5)
