@@ -12,6 +12,7 @@ from tests.testing import BACKEND
 SCRIPT = pathlib.Path(__file__).parent / "scripts" / "distributed_conversion.py"
 
 
+@pytest.mark.slow  # a subprocess on two virtual devices: `nox -s slow`
 @pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution is JAX's")
 def test_converted_model_gives_one_devices_outputs_when_sharded():
     env = {

@@ -90,6 +90,7 @@ def test_a_set_that_needs_a_download_fails_in_one_line(tmp_path):
     assert "not one of the sets inside aeon" in line
 
 
+@pytest.mark.slow  # trains: `nox -s slow` (and `nox -s examples` runs it)
 def test_smoke_run_logs_plain_lines_and_writes_full_results(tmp_path):
     pytest.importorskip("aeon")
     pytest.importorskip("matplotlib")
