@@ -4,6 +4,7 @@ Messages name the argument, say what was expected and end with
 `Received: arg=value`, as Keras does.
 """
 
+import dataclasses
 import inspect
 import math
 import numbers
@@ -135,11 +136,13 @@ def attention_options(
     block_size,
     conv_kernel_size,
     conv_grid,
+    use_keras_masks=True,
 ):
     """Checks every SVRAttention option and every pair that cannot combine.
 
-    Returns the normalised values: ints and floats as Python numbers, bools
-    as `bool`, head_factors as a tuple, conv_grid as a tuple or None.
+    Returns `(dropout, SVROptions)`: MultiHeadAttention's dropout and the
+    normalised SVR options (ints and floats as Python numbers, bools as
+    `bool`, head_factors and conv_grid as tuples).
     """
     positive_int("num_heads", num_heads)
     positive_int("key_dim", key_dim)
@@ -246,18 +249,56 @@ def attention_options(
                 f"head_factors={head_factors!r}"
             )
         conv_grid = tuple(int(g) for g in conv_grid)
-    return {
-        "dropout": dropout,
-        "flash_attention": flash_attention,
-        "sliding_window": sliding_window,
-        "use_gate": use_gate,
-        "beta": beta,
-        "standardize": standardize,
-        "learn_beta": learn_beta,
-        "epsilon": positive_float("epsilon", epsilon),
-        "head_factors": factors,
-        "num_prefix_tokens": num_prefix_tokens,
-        "block_size": block_size,
-        "conv_kernel_size": conv_kernel_size,
-        "conv_grid": conv_grid,
-    }
+    options = SVROptions(
+        beta=beta,
+        standardize=standardize,
+        learn_beta=learn_beta,
+        epsilon=positive_float("epsilon", epsilon),
+        head_factors=factors,
+        num_prefix_tokens=num_prefix_tokens,
+        kernel=kernel,
+        sparsity=sparsity,
+        block_size=block_size,
+        conv_kernel_size=conv_kernel_size,
+        conv_grid=conv_grid,
+        sliding_window=sliding_window,
+        use_gate=use_gate,
+        flash_attention=flash_attention,
+        use_keras_masks=boolean("use_keras_masks", use_keras_masks),
+    )
+    return dropout, options
+
+
+@dataclasses.dataclass(frozen=True)
+class SVROptions:
+    """The options of `SVRAttention` beyond MultiHeadAttention's own,
+    checked once (`attention_options`) and serialized once (`get_config`).
+    Each field is the constructor argument of the same name."""
+
+    beta: float | None = None
+    standardize: bool = False
+    learn_beta: bool = False
+    epsilon: float = 1e-5
+    head_factors: tuple = ()
+    num_prefix_tokens: int = 0
+    kernel: str = "softmax"
+    sparsity: str | None = None
+    block_size: int | None = None
+    conv_kernel_size: int | None = None
+    conv_grid: tuple | None = None
+    sliding_window: int | None = None
+    use_gate: bool = False
+    flash_attention: bool | None = None
+    use_keras_masks: bool = True
+
+    @property
+    def uses_bn(self):
+        """Whether queries are recentered (beta, learn_beta or standardize)."""
+        return bool(self.beta) or self.learn_beta or self.standardize
+
+    def get_config(self):
+        config = dataclasses.asdict(self)
+        config["head_factors"] = list(self.head_factors)
+        if self.conv_grid is not None:
+            config["conv_grid"] = list(self.conv_grid)
+        return config

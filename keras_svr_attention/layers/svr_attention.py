@@ -204,10 +204,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         use_keras_masks=True,
         **kwargs,
     ):
-        self._use_keras_masks = check.boolean(
-            "use_keras_masks", use_keras_masks
-        )
-        options = check.attention_options(
+        dropout, self.options = check.attention_options(
             num_heads=num_heads,
             key_dim=key_dim,
             value_dim=value_dim,
@@ -227,58 +224,48 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             block_size=block_size,
             conv_kernel_size=conv_kernel_size,
             conv_grid=conv_grid,
+            use_keras_masks=use_keras_masks,
         )
         newer = {}
-        if options["use_gate"]:  # keras_supports("use_gate") was checked
+        if self.options.use_gate:  # keras_supports("use_gate") was checked
             newer["use_gate"] = True
         super().__init__(
             num_heads=int(num_heads),
             key_dim=int(key_dim),
             value_dim=None if value_dim is None else int(value_dim),
-            dropout=options["dropout"],
+            dropout=dropout,
             use_bias=use_bias,
             output_shape=output_shape,
             attention_axes=None,
-            flash_attention=options["flash_attention"],
+            flash_attention=self.options.flash_attention,
             **newer,
             **kwargs,
         )
-        self._use_gate = options["use_gate"]
-        # The mask is built here on every Keras, not by MultiHeadAttention.
-        self._sliding_window = options["sliding_window"]
-        self._flash_attention_arg = options["flash_attention"]
-        if options["flash_attention"] is False:
+        # MultiHeadAttention's own attributes, read by its build and config
+        # (the sliding window mask is built here on every Keras).
+        self._use_gate = self.options.use_gate
+        self._sliding_window = self.options.sliding_window
+        if self.options.flash_attention is False:
             # MultiHeadAttention keeps `False or <global setting>` (None):
             # an explicit False must reach the kernel as False.
             self._flash_attention = False
-        self._beta = options["beta"]
-        self._standardize = options["standardize"]
-        self._learn_beta = options["learn_beta"]
-        self._epsilon = options["epsilon"]
-        self._head_factors = options["head_factors"]
-        self._num_prefix_tokens = options["num_prefix_tokens"]
-        self._kernel = kernel
-        self._sparsity = sparsity
-        self._block_size = options["block_size"]
-        self._conv_kernel_size = options["conv_kernel_size"]
-        self._conv_grid = options["conv_grid"]
 
     @property
     def beta(self):
-        return self._beta
+        return self.options.beta
 
     @property
     def head_factors(self):
-        return self._head_factors
+        return self.options.head_factors
 
     @property
     def num_prefix_tokens(self):
-        return self._num_prefix_tokens
+        return self.options.num_prefix_tokens
 
     @property
     def uses_bn(self):
         """Whether queries are recentered (beta, learn_beta or standardize)."""
-        return bool(self._beta) or self._learn_beta or self._standardize
+        return self.options.uses_bn
 
     def build(self, query_shape, value_shape, key_shape=None):
         key_shape = value_shape if key_shape is None else key_shape
@@ -304,9 +291,9 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             )
         self._check_prefix(value_shape[1])
         super().build(query_shape, value_shape, key_shape)
-        if self._conv_kernel_size:
-            size = self._conv_kernel_size
-            shape = (size, size) if self._conv_grid else (size,)
+        if self.options.conv_kernel_size:
+            size = self.options.conv_kernel_size
+            shape = (size, size) if self.options.conv_grid else (size,)
             # Identity at start: a delta at the centre tap.
             delta = np.zeros(shape, "float32")
             delta[(size // 2,) * len(shape)] = 1.0
@@ -318,26 +305,26 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 )
                 for name in ("query_conv", "key_conv")
             )
-        if self._learn_beta:
+        if self.options.learn_beta:
             self.beta_weight = self.add_weight(
                 name="beta",
                 shape=(),
-                initializer=keras.initializers.Constant(self._beta),
+                initializer=keras.initializers.Constant(self.options.beta),
                 trainable=True,
             )
 
     def _check_prefix(self, length):
-        if length is not None and self._num_prefix_tokens > length:
+        if length is not None and self.options.num_prefix_tokens > length:
             raise ValueError(
                 "`num_prefix_tokens` must not exceed the key length "
                 f"(S={length}). Received: "
-                f"num_prefix_tokens={self._num_prefix_tokens}"
+                f"num_prefix_tokens={self.options.num_prefix_tokens}"
             )
 
     def _beta_value(self):
-        if self._learn_beta:
+        if self.options.learn_beta:
             return ops.cast(self.beta_weight, "float32")
-        return self._beta or 0.0
+        return self.options.beta or 0.0
 
     def call(
         self,
@@ -359,7 +346,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 "Returning attention scores is not supported when flash "
                 "attention is enabled. Please disable flash attention to "
                 "access attention scores (`return_attention_scores=True`). "
-                f"Received: flash_attention={self._flash_attention_arg!r}, "
+                f"Received: flash_attention={self.options.flash_attention!r}, "
                 f"in effect {self._flash_attention!r} (None follows "
                 "keras.config.enable_flash_attention())"
             )
@@ -374,7 +361,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         if value_mask is not None or key_mask is not None:
             value = ops.copy(value)
             key = value if key_is_value else ops.copy(key)
-        if not self._use_keras_masks:
+        if not self.options.use_keras_masks:
             query_mask = value_mask = key_mask = None
         batch, num_queries = masks_lib.shape_of(query)[:2]
         static = (query.shape[0], query.shape[1], value.shape[1])
@@ -406,8 +393,8 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         num_keys = masks_lib.shape_of(value)[1]
         self._check_prefix(value.shape[1])
         plan = visibility.plan_head_groups(
-            self._head_factors,
-            self._num_prefix_tokens,
+            self.options.head_factors,
+            self.options.num_prefix_tokens,
             num_queries,
             num_keys,
             query_mask=query_mask,
@@ -420,10 +407,10 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             causal=use_causal_mask,
             offset=offset,
             sliding_window=self._sliding_window,
-            sparsity=self._sparsity,
-            block_size=self._block_size,
+            sparsity=self.options.sparsity,
+            block_size=self.options.block_size,
             pending=pending,
-            kernel=self._kernel,
+            kernel=self.options.kernel,
         )
         output, scores = attention.attend_groups(
             query,
@@ -433,11 +420,11 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             lambda *group: self._attend_group(
                 *group, training, return_attention_scores
             ),
-            self._num_prefix_tokens,
+            self.options.num_prefix_tokens,
             return_attention_scores,
             transform_key=lambda k: self._convolve(k, "key", use_causal_mask),
         )
-        if self._kernel == "linear" and query_mask is not None:
+        if self.options.kernel == "linear" and query_mask is not None:
             # Padded queries see nothing: exact zeros, as under softmax.
             rows = ops.cast(query_mask, "bool")
             output = ops.where(rows[:, :, None, None], output, 0.0)
@@ -464,11 +451,11 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         written at `index`, earlier slots valid) and the `(1, S)` pending
         slots (positions after the new tokens), or None without `index`.
         """
-        if self._kernel == "linear" or self._conv_kernel_size:
+        if self.options.kernel == "linear" or self.options.conv_kernel_size:
             raise ValueError(
                 "`cache` needs kernel='softmax' and no `conv_kernel_size`. "
-                f"Received: kernel={self._kernel!r}, "
-                f"conv_kernel_size={self._conv_kernel_size!r}"
+                f"Received: kernel={self.options.kernel!r}, "
+                f"conv_kernel_size={self.options.conv_kernel_size!r}"
             )
         key_cache, value_cache = cache[:, 0], cache[:, 1]
         if index is None:
@@ -498,7 +485,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
 
     def _attend_group(self, group, query, key, value, training, scores):
         """One head group, through the kernel hooks."""
-        if self._kernel == "linear":
+        if self.options.kernel == "linear":
             return self._compute_linear_attention(
                 query,
                 key,
@@ -532,22 +519,22 @@ class SVRAttention(keras.layers.MultiHeadAttention):
 
     def _convolve(self, x, which, causal):
         """Attention-Conv1D/2D: the shared depth-wise kernel on q or k."""
-        if not self._conv_kernel_size:
+        if not self.options.conv_kernel_size:
             return x
         kernel = self.query_conv if which == "query" else self.key_conv
         kernel = ops.cast(kernel, x.dtype)
-        if self._conv_grid is None:
+        if self.options.conv_grid is None:
             return conv.conv_sequence(
-                x, kernel, causal, self._num_prefix_tokens
+                x, kernel, causal, self.options.num_prefix_tokens
             )
         if causal:
             raise ValueError(
                 "`use_causal_mask` cannot combine with `conv_grid`: a 2-D "
                 "convolution over the patch grid looks at later patches. "
-                f"Received: conv_grid={self._conv_grid}"
+                f"Received: conv_grid={self.options.conv_grid}"
             )
         return conv.conv_grid(
-            x, kernel, self._conv_grid, self._num_prefix_tokens
+            x, kernel, self.options.conv_grid, self.options.num_prefix_tokens
         )
 
     def _compute_attention(
@@ -580,7 +567,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 attention_mask, query, key
             )
         dtype = keras.backend.standardize_dtype(query.dtype)
-        cast = self._standardize and dtype == "float16"
+        cast = self.options.standardize and dtype == "float16"
         if cast:
             # q / s^2 can exceed float16's range (s^2 ~ epsilon when a query
             # sees one key): attend in float32 and cast back.
@@ -600,8 +587,8 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             attention_mask,
             causal_only,
             beta=self._beta_value(),
-            standardize=self._standardize,
-            epsilon=self._epsilon,
+            standardize=self.options.standardize,
+            epsilon=self.options.epsilon,
             scale=self._inverse_sqrt_key_dim,
             dropout=dropout,
             return_scores=return_attention_scores,
@@ -637,8 +624,8 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             key_weights,
             visible,
             beta=self._beta_value(),
-            standardize=self._standardize,
-            epsilon=self._epsilon,
+            standardize=self.options.standardize,
+            epsilon=self.options.epsilon,
             return_scores=return_attention_scores,
         )
 
@@ -676,24 +663,6 @@ class SVRAttention(keras.layers.MultiHeadAttention):
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                "attention_axes": None,  # build() fills in (1,)
-                "flash_attention": self._flash_attention_arg,
-                "sliding_window": self._sliding_window,
-                "use_gate": self._use_gate,
-                "beta": self._beta,
-                "standardize": self._standardize,
-                "learn_beta": self._learn_beta,
-                "epsilon": self._epsilon,
-                "head_factors": list(self._head_factors),
-                "num_prefix_tokens": self._num_prefix_tokens,
-                "kernel": self._kernel,
-                "sparsity": self._sparsity,
-                "block_size": self._block_size,
-                "conv_kernel_size": self._conv_kernel_size,
-                "conv_grid": self._conv_grid,
-                "use_keras_masks": self._use_keras_masks,
-            }
-        )
+        config["attention_axes"] = None  # build() fills in (1,)
+        config.update(self.options.get_config())
         return config
