@@ -225,11 +225,25 @@ def test_model_must_be_a_built_model():
 
 
 CACHE_MODES = ["softmax", "bn", "bn-std", "sh", "bn+sh"]
+# The linear kernel decodes too (KerasHub's cache contract).
+CACHE_MODES += ["linear", "linear+bn", "linear+sh", "linear+bn+sh"]
 
 
 def _decoder(mode, num_layers=2):
+    kernel, _, rest = mode.partition("+") if "linear" in mode else ("", 0, mode)
+    options = {"kernel": "linear"} if kernel else {}
+    if kernel and rest:
+        options.update(
+            {
+                "bn": {"beta": 0.8},
+                "sh": {"head_factors": [1, 2, 3, 2]},
+                "bn+sh": {"beta": 1.0, "head_factors": [2, 1, 1, 4]},
+            }[rest]
+        )
+    elif not kernel:
+        options = MODES[mode]
     layers = [
-        ksa.SVRAttention(num_heads=4, key_dim=3, **MODES[mode])
+        ksa.SVRAttention(num_heads=4, key_dim=3, **options)
         for _ in range(num_layers)
     ]
     x = _data(2, length=9)
@@ -289,9 +303,9 @@ def test_cache_errors():
     x = _data()
     with pytest.raises(ValueError, match="`cache_update_index` needs"):
         layer(x, x, cache_update_index=0)
-    linear = ksa.SVRAttention(num_heads=2, key_dim=3, kernel="linear")
+    conv = ksa.SVRAttention(num_heads=2, key_dim=3, conv_kernel_size=3)
     cache = ops.zeros((2, 2, LENGTH, 2, 3))
-    with pytest.raises(ValueError, match="`cache` needs kernel='softmax'"):
-        linear(x, x, cache=cache, cache_update_index=0)
+    with pytest.raises(ValueError, match="`cache` needs no `conv_kernel"):
+        conv(x, x, cache=cache, cache_update_index=0)
     with pytest.raises(ValueError, match="`value_mask`.*`cache_update_"):
         layer(x, x, value_mask=np.ones((2, LENGTH), bool), cache=cache)

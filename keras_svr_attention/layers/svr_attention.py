@@ -154,7 +154,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             cache: j <= cache_update_index + i).
         cache: `(B, 2, S, N, key_dim)` or None. Projected keys and values
             per position, KerasHub's `CachedMultiHeadAttention` contract
-            for autoregressive decoding (softmax kernel). SH heads pool the
+            for autoregressive decoding (softmax and linear kernels). SH heads pool the
             cached keys; a window that reaches past the new tokens is not
             seen yet, so decoding token by token gives what the full causal
             forward gives.
@@ -451,10 +451,10 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         written at `index`, earlier slots valid) and the `(1, S)` pending
         slots (positions after the new tokens), or None without `index`.
         """
-        if self.options.kernel == "linear" or self.options.conv_kernel_size:
+        if self.options.conv_kernel_size:
             raise ValueError(
-                "`cache` needs kernel='softmax' and no `conv_kernel_size`. "
-                f"Received: kernel={self.options.kernel!r}, "
+                "`cache` needs no `conv_kernel_size`: the convolution of "
+                "cached keys would need the tokens around them. Received: "
                 f"conv_kernel_size={self.options.conv_kernel_size!r}"
             )
         key_cache, value_cache = cache[:, 0], cache[:, 1]
