@@ -154,8 +154,8 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             cache: j <= cache_update_index + i).
         cache: `(B, 2, S, N, key_dim)` or None. Projected keys and values
             per position, KerasHub's `CachedMultiHeadAttention` contract
-            for autoregressive decoding (softmax and linear kernels). SH heads pool the
-            cached keys; a window that reaches past the new tokens is not
+            for autoregressive decoding (softmax and linear kernels). SH
+            heads pool the cached keys; a window that reaches past the new tokens is not
             seen yet, so decoding token by token gives what the full causal
             forward gives.
         cache_update_index: int or int tensor, or None. Where the new keys
