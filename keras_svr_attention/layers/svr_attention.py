@@ -155,9 +155,9 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         cache: `(B, 2, S, N, key_dim)` or None. Projected keys and values
             per position, KerasHub's `CachedMultiHeadAttention` contract
             for autoregressive decoding (softmax and linear kernels). SH
-            heads pool the cached keys; a window that reaches past the new tokens is not
-            seen yet, so decoding token by token gives what the full causal
-            forward gives.
+            heads pool the cached keys; a window that reaches past the new
+            tokens is not seen yet, so decoding token by token gives what
+            the full causal forward gives.
         cache_update_index: int or int tensor, or None. Where the new keys
             and values are written into `cache`; None reads it unchanged.
 
