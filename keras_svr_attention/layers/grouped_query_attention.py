@@ -7,6 +7,7 @@ from keras_svr_attention.api_export import svr_export
 from keras_svr_attention.functional import attention
 from keras_svr_attention.functional import masks as masks_lib
 from keras_svr_attention.functional import visibility
+from keras_svr_attention.layers import _common as common
 from keras_svr_attention.layers import _validation as check
 
 
@@ -137,14 +138,9 @@ class SVRGroupedQueryAttention(keras.layers.GroupQueryAttention):
         use_causal_mask=False,
     ):
         self._return_attention_scores = return_attention_scores
-        key_is_value = key is None or key is value
-        key = value if key is None else key
-        key_mask = None if key_is_value else key_mask
-        if query_mask is not None:  # fresh tensors: masks consumed here
-            query = ops.copy(query)
-        if value_mask is not None or key_mask is not None:
-            value = ops.copy(value)
-            key = value if key_is_value else ops.copy(key)
+        query, value, key, key_mask = common.consume_masks(
+            query, value, key, query_mask, value_mask, key_mask
+        )
         gate = self._gate_dense(query) if self.use_gate else None
         query = self._query_dense(query)
         key = ops.repeat(self._key_dense(key), self.num_repeats, axis=2)
@@ -204,9 +200,7 @@ class SVRGroupedQueryAttention(keras.layers.GroupQueryAttention):
             and type(self)._compute_attention
             is SVRGroupedQueryAttention._compute_attention
         )
-        mask = group.mask
-        if group.causal_only and not fast:
-            mask = visibility.with_causal_mask(None, query, key)
+        mask = common.group_hook_mask(group, query, key, fast)
         return self._compute_attention(
             query,
             key,
@@ -234,17 +228,9 @@ class SVRGroupedQueryAttention(keras.layers.GroupQueryAttention):
                 "attention is enabled. Please disable flash attention to "
                 "access attention scores."
             )
-        causal_only = use_causal_mask and attention_mask is None
-        if use_causal_mask and attention_mask is not None:
-            attention_mask = visibility.with_causal_mask(
-                attention_mask, query, key
-            )
-        dropout = None
-        if self.dropout > 0 and training:
-
-            def dropout(w):
-                return self._dropout_layer(w, training=training)
-
+        attention_mask, causal_only = common.hook_causal_mask(
+            attention_mask, use_causal_mask, query, key
+        )
         return attention.softmax_group(
             query,
             key,
@@ -255,7 +241,7 @@ class SVRGroupedQueryAttention(keras.layers.GroupQueryAttention):
             standardize=self._standardize,
             epsilon=self._epsilon,
             scale=self._inverse_sqrt_head_dim,
-            dropout=dropout,
+            dropout=common.dropout_fn(self, self.dropout, training),
             return_scores=self._return_attention_scores,
             flash_attention=self._flash_attention,
         )

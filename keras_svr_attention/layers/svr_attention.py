@@ -9,6 +9,7 @@ from keras_svr_attention.functional import attention
 from keras_svr_attention.functional import conv
 from keras_svr_attention.functional import masks as masks_lib
 from keras_svr_attention.functional import visibility
+from keras_svr_attention.layers import _common as common
 from keras_svr_attention.layers import _validation as check
 
 
@@ -350,17 +351,9 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 f"in effect {self._flash_attention!r} (None follows "
                 "keras.config.enable_flash_attention())"
             )
-        key_is_value = key is None or key is value
-        key = value if key is None else key
-        key_mask = None if key_is_value else key_mask
-        # Fresh tensors: the masks are consumed (or ignored) here, and a
-        # sublayer given a tensor with a Keras mask attached warns that it
-        # drops it.
-        if query_mask is not None:
-            query = ops.copy(query)
-        if value_mask is not None or key_mask is not None:
-            value = ops.copy(value)
-            key = value if key_is_value else ops.copy(key)
+        query, value, key, key_mask = common.consume_masks(
+            query, value, key, query_mask, value_mask, key_mask
+        )
         if not self.options.use_keras_masks:
             query_mask = value_mask = key_mask = None
         batch, num_queries = masks_lib.shape_of(query)[:2]
@@ -502,9 +495,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             group.causal_only
             and type(self)._compute_attention is SVRAttention._compute_attention
         )
-        mask = group.mask
-        if group.causal_only and not fast:
-            mask = visibility.with_causal_mask(None, query, key)
+        mask = common.group_hook_mask(group, query, key, fast)
         if mask is not None and mask.shape[1] == 1:
             mask = mask[:, 0]  # (B, T, S), as MultiHeadAttention's hook
         return self._compute_attention(
@@ -561,11 +552,9 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         # As MultiHeadAttention's hook: `use_causal_mask` also applies the
         # causal mask, on top of `attention_mask`; alone, the fused kernel
         # may take `is_causal=True` instead of building it.
-        causal_only = use_causal_mask and attention_mask is None
-        if use_causal_mask and attention_mask is not None:
-            attention_mask = visibility.with_causal_mask(
-                attention_mask, query, key
-            )
+        attention_mask, causal_only = common.hook_causal_mask(
+            attention_mask, use_causal_mask, query, key
+        )
         dtype = keras.backend.standardize_dtype(query.dtype)
         cast = self.options.standardize and dtype == "float16"
         if cast:
@@ -574,12 +563,6 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             query, key, value = (
                 ops.cast(t, "float32") for t in (query, key, value)
             )
-        dropout = None
-        if self._dropout > 0 and training:
-
-            def dropout(w):
-                return self._dropout_layer(w, training=training)
-
         out, scores = attention.softmax_group(
             query,
             key,
@@ -590,7 +573,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             standardize=self.options.standardize,
             epsilon=self.options.epsilon,
             scale=self._inverse_sqrt_key_dim,
-            dropout=dropout,
+            dropout=common.dropout_fn(self, self._dropout, training),
             return_scores=return_attention_scores,
             flash_attention=self._flash_attention,
         )
