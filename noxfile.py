@@ -1,5 +1,6 @@
-"""Test matrix: `nox` runs lint, the tests on tensorflow, jax and torch,
-the package check and the GPU check's CPU dry run.
+"""Test matrix: `nox` runs lint, the tests on tensorflow, jax and torch
+(torch's session also runs the GPU check's CPU dry run) and the package
+check.
 
 Each backend gets its own virtualenv holding only that backend (CPU builds),
 with KERAS_BACKEND set. `nox -s slow` runs the slow tests, `nox -s examples`
@@ -14,7 +15,7 @@ import zipfile
 
 import nox
 
-nox.options.sessions = ["lint", "tests", "package", "gpu"]
+nox.options.sessions = ["lint", "tests", "package"]
 nox.options.reuse_existing_virtualenvs = True
 
 BACKENDS = ["tensorflow", "jax", "torch"]
@@ -73,12 +74,14 @@ def lint(session):
 @nox.parametrize("backend", BACKENDS)
 def tests(session, backend):
     _install(session, backend, "test,hub", hub=True)
-    # Two workers, one per core of the CI machine, where the suite is long
-    # enough to pay for a second process (torch's takes under a minute).
-    workers = [] if backend == "torch" else ["-n", "2"]
+    # Two workers, one per core of the CI machine.
     session.run(
-        "pytest", "-q", *workers, *session.posargs, env=_env(backend, session)
+        "pytest", "-q", "-n", "2", *session.posargs, env=_env(backend, session)
     )
+    if backend == "torch" and not session.posargs:
+        # The GPU check's CPU dry run, in this environment (the test extra
+        # holds the examples'), so that CI runs it without a venv of its own.
+        _gpu_dry_run(session)
 
 
 # Run in a fresh venv holding only the wheel and torch, outside the repo.
@@ -136,8 +139,13 @@ def package(session):
 
 @nox.session
 def gpu(session):
-    """The GPU check's CPU dry run (the real one: benchmarks/gpu.sh)."""
+    """The GPU check's CPU dry run (the real one: benchmarks/gpu.sh); the
+    default `tests(backend='torch')` runs it too."""
     _install(session, "torch", "examples")
+    _gpu_dry_run(session)
+
+
+def _gpu_dry_run(session):
     tmp = session.create_tmp()
     docs = os.path.join(tmp, "results.md")
     shutil.copy("docs/results.md", docs)

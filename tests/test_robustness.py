@@ -22,9 +22,9 @@ from tests.test_svr_attention import MODES
 from tests.test_svr_attention import N
 from tests.test_svr_attention import make_inputs
 from tests.test_svr_attention import reference
-from tests.testing import BACKEND
 from tests.testing import assert_allclose
 from tests.testing import random_weights
+from tests.testing import slow_on_jax
 from tests.testing import value_and_grad
 
 FEATURES = 8
@@ -51,6 +51,7 @@ def _loss_and_grad(layer, x, dtype="float32", **call_kwargs):
     return value_and_grad(loss, x)
 
 
+@slow_on_jax
 @pytest.mark.parametrize("mode", ["softmax", "bn", "bn-std", "sh", "bn+sh"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_linear_gradients_stay_finite_for_large_inputs(mode, causal):
@@ -156,7 +157,6 @@ def _masks(kind, kernel, length, rng):
 # there the test runs in `nox -s slow` only. That session sets
 # SVR_FUZZ_EXAMPLES to draw many more on every backend.
 EXAMPLES = int(os.environ.get("SVR_FUZZ_EXAMPLES", 40))
-slow_on_jax = pytest.mark.slow if BACKEND == "jax" else pytest.mark.fast
 
 
 @slow_on_jax

@@ -16,6 +16,7 @@ from tests import numpy_reference as ref
 from tests.testing import assert_allclose
 from tests.testing import attention_weights
 from tests.testing import random_weights
+from tests.testing import slow_on_jax
 from tests.testing import value_and_grad
 
 B, T, S, N, D = 2, 7, 9, 4, 3
@@ -383,6 +384,7 @@ def test_svr_attention_fully_masked_rows_are_zero(mode):
     [({"head_factors": [1, 2]}, True), ({"standardize": True}, False)],
     ids=["bn+sh-causal", "bn-std"],
 )
+@slow_on_jax
 def test_svr_attention_gradient_flows_through_mean(options, causal):
     """Central finite differences agree with autodiff through mu.
 

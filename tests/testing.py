@@ -2,8 +2,14 @@
 
 import keras
 import numpy as np
+import pytest
 
 BACKEND = keras.config.backend()
+
+# Eager JAX compiles every op for every new shape: tests that sweep many
+# shapes or finite differences run on JAX in `nox -s slow` only (on the
+# other backends in the default matrix too).
+slow_on_jax = pytest.mark.slow if BACKEND == "jax" else pytest.mark.fast
 
 
 def assert_allclose(actual, desired, atol=1e-5, rtol=1e-5, err_msg=""):
