@@ -11,7 +11,9 @@ import warnings
 import keras
 
 from keras_svr_attention import _keras_internals as internals
+from keras_svr_attention import _llm_hook as llm
 from keras_svr_attention.api_export import svr_export
+from keras_svr_attention.layers import _validation as check
 from keras_svr_attention.layers import presets
 from keras_svr_attention.layers.grouped_query_attention import (
     SVRGroupedQueryAttention,
@@ -45,6 +47,7 @@ def _honoured(layer):
         or cls is keras.layers.GroupQueryAttention
         or isinstance(layer, _SVR_CLASSES)
         or (cls is not None and cls is _cached_attention_class())
+        or llm.is_hookable(layer)
     )
 
 
@@ -60,6 +63,8 @@ def _looks_like_attention(layer):
 
 def _unsupported_reason(layer):
     """Why `layer` cannot become SVR attention, or None if it can."""
+    if llm.is_hookable(layer):
+        return None
     if not _honoured(layer):
         return (
             f"{type(layer).__name__} is not a MultiHeadAttention or "
@@ -76,6 +81,8 @@ def _unsupported_reason(layer):
 
 def _svr_config(layer, attention, options):
     """SVRAttention config for `layer`, or ValueError naming the layer."""
+    if llm.is_hookable(layer):
+        return {"svr_hook": _hook_options(layer, attention, options)}
     config = dict(layer.get_config())
     target = _target(config)
     if target is SVRAttention:
@@ -96,6 +103,35 @@ def _svr_config(layer, attention, options):
             f"({type(layer).__name__}) to attention={attention!r}: {error}"
         ) from None
     return merged
+
+
+def _hook_options(layer, attention, options):
+    """The op's options for a decoder-LLM attention layer (per key/value
+    head factors), checked, or ValueError naming the layer."""
+    try:
+        hooked = presets.options_for(
+            attention, layer.num_key_value_heads, **options
+        )
+        extra = set(hooked) - set(llm.HOOK_OPTIONS)
+        if extra:
+            raise ValueError(
+                f"options {sorted(extra)} need weights or masks of their own"
+                f"; {type(layer).__name__} takes {list(llm.HOOK_OPTIONS)}"
+            )
+        if "head_factors" in hooked:
+            hooked["head_factors"] = list(
+                check.factors_per_head(
+                    hooked["head_factors"],
+                    layer.num_key_value_heads,
+                    "num_key_value_heads",
+                )
+            )
+    except ValueError as error:
+        raise ValueError(
+            f"Cannot convert layer {layer.name!r} "
+            f"({type(layer).__name__}) to attention={attention!r}: {error}"
+        ) from None
+    return hooked
 
 
 @svr_export
@@ -188,7 +224,11 @@ def replace_attention(
 
     # 1. Layers that appear in the model's config (Sequential, functional,
     #    nested models) are rewritten there.
-    by_name = {layer.name: configs[id(layer)] for layer, _ in convertible}
+    by_name = {
+        layer.name: configs[id(layer)]
+        for layer, _ in convertible
+        if "svr_hook" not in configs[id(layer)]
+    }
     serialized = keras.saving.serialize_keras_object(model)
     _rewrite_config(serialized, by_name)
     # The model's own classes, registered or not, rebuild its copy.
@@ -249,9 +289,16 @@ def _swap_attributes(model, old_layers, configs):
         owner, _ = _owner_of(model, current)
         if isinstance(owner, keras.Model) and current in owner.layers:
             continue
-        replacement = _swap(model, current, configs[id(old)])
+        replacement = _apply(model, current, configs[id(old)])
         swapped[id(replacement)] = configs[id(old)]
     return swapped
+
+
+def _apply(model, layer, config):
+    """The recorded conversion of one layer: a hook, or a swap."""
+    if "svr_hook" in config:
+        return llm.hook(layer, config["svr_hook"])
+    return _swap(model, layer, config)
 
 
 def _swap(model, current, config):
@@ -310,7 +357,7 @@ class _Converted:
                     for sub in internals.sublayers(layer)
                     if sub.name == name
                 ]
-            replacement = _swap(model, layer, layer_config)
+            replacement = _apply(model, layer, layer_config)
             swapped[id(replacement)] = layer_config
         _record_conversion(model, swapped)
         return model

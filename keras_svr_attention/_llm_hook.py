@@ -1,0 +1,95 @@
+"""SVR attention inside decoder LLM attention layers (KerasHub's Llama and
+layers built the same way).
+
+Such a layer projects, applies its rotary embedding, writes its cache,
+repeats K/V to the query heads, then calls the hook
+`_compute_attention(query, key, value, attention_mask)`. Conversion gives
+the layer a subclass of its own class (its weights, rotary embedding,
+cache and projections stay its own) whose hook is
+`svr_dot_product_attention`, causal at the cache index that `call`
+received, so that pooled windows follow the causal rule and stale cache
+slots are never seen.
+"""
+
+import inspect
+
+from keras import ops
+
+from keras_svr_attention.ops import svr_dot_product_attention
+
+# The op's options a hooked layer takes (no weights of its own: no
+# learn_beta, no convolution).
+HOOK_OPTIONS = (
+    "beta",
+    "standardize",
+    "epsilon",
+    "head_factors",
+    "kernel",
+    "num_prefix_tokens",
+)
+
+
+def is_hookable(layer):
+    """A decoder-LLM attention layer with Llama's call and hook."""
+    hook = getattr(type(layer), "_compute_attention", None)
+    if hook is None or not all(
+        hasattr(layer, name)
+        for name in ("num_key_value_groups", "num_key_value_heads")
+    ):
+        return False
+    names = list(inspect.signature(hook).parameters)
+    call = list(inspect.signature(type(layer).call).parameters)
+    return names == ["self", "query", "key", "value", "attention_mask"] and (
+        "cache_update_index" in call
+    )
+
+
+class HookedAttention:
+    """Mixin put before the layer's own class."""
+
+    def call(self, *args, cache_update_index=None, **kwargs):
+        # The hook gets no index: keep it for the hook during this call.
+        self._svr_offset = (
+            0 if cache_update_index is None else cache_update_index
+        )
+        return super().call(
+            *args, cache_update_index=cache_update_index, **kwargs
+        )
+
+    def _compute_attention(self, query, key, value, attention_mask=None):
+        options = dict(self._svr_hook_options)
+        factors = options.pop("head_factors", None)
+        if factors is not None:  # per key/value head -> per query head
+            groups = self.num_key_value_groups
+            factors = [f for f in factors for _ in range(groups)]
+        if attention_mask is not None:
+            attention_mask = ops.cast(attention_mask, "bool")[:, None]
+        scale = getattr(self, "_inv_norm_factor", None)  # Llama's 1/sqrt(H)
+        out = svr_dot_product_attention(
+            query,
+            key,
+            value,
+            mask=attention_mask,
+            is_causal=True,
+            scale=scale,
+            head_factors=factors,
+            causal_offset=getattr(self, "_svr_offset", 0),
+            **options,
+        )
+        return ops.cast(out, query.dtype)
+
+
+_CLASSES = {}
+
+
+def hook(layer, options):
+    """Gives `layer` the SVR hook with `options` (a dict of HOOK_OPTIONS)."""
+    base = type(layer)
+    if issubclass(base, HookedAttention):
+        base = base.__mro__[2]
+    if base not in _CLASSES:
+        _CLASSES[base] = type(base.__name__, (HookedAttention, base), {})
+        _CLASSES[base].__module__ = base.__module__
+    layer._svr_hook_options = dict(options)
+    layer.__class__ = _CLASSES[base]
+    return layer
