@@ -87,7 +87,9 @@ def test_bn_sh_change_the_logits_and_train(attention):
     loss = new.train_on_batch(x, y, sample_weight=x["padding_mask"])
     assert np.all(np.isfinite(loss))
     after = [ops.convert_to_numpy(w) for w in new.trainable_weights]
-    assert any(np.abs(a - b).max() > 0 for a, b in zip(after, before))
+    assert any(
+        np.abs(a - b).max() > 0 for a, b in zip(after, before, strict=True)
+    )
 
 
 @pytest.mark.parametrize("attention", ["softmax", "bn+sh"])
