@@ -29,11 +29,18 @@ HOOK_OPTIONS = (
 )
 
 
+def attribute(layer, name):
+    """`layer.<name>`, or `layer._<name>` (Llama spells them without the
+    underscore, Mistral with), or None."""
+    value = getattr(layer, name, None)
+    return getattr(layer, "_" + name, None) if value is None else value
+
+
 def is_hookable(layer):
     """A decoder-LLM attention layer with Llama's call and hook."""
     hook = getattr(type(layer), "_compute_attention", None)
-    if hook is None or not all(
-        hasattr(layer, name)
+    if hook is None or any(
+        attribute(layer, name) is None
         for name in ("num_key_value_groups", "num_key_value_heads")
     ):
         return False
@@ -60,7 +67,7 @@ class HookedAttention:
         options = dict(self._svr_hook_options)
         factors = options.pop("head_factors", None)
         if factors is not None:  # per key/value head -> per query head
-            groups = self.num_key_value_groups
+            groups = attribute(self, "num_key_value_groups")
             factors = [f for f in factors for _ in range(groups)]
         if attention_mask is not None:
             attention_mask = ops.cast(attention_mask, "bool")[:, None]

@@ -109,9 +109,8 @@ def _hook_options(layer, attention, options):
     """The op's options for a decoder-LLM attention layer (per key/value
     head factors), checked, or ValueError naming the layer."""
     try:
-        hooked = presets.options_for(
-            attention, layer.num_key_value_heads, **options
-        )
+        num_kv_heads = llm.attribute(layer, "num_key_value_heads")
+        hooked = presets.options_for(attention, num_kv_heads, **options)
         extra = set(hooked) - set(llm.HOOK_OPTIONS)
         if extra:
             raise ValueError(
@@ -121,9 +120,7 @@ def _hook_options(layer, attention, options):
         if "head_factors" in hooked:
             hooked["head_factors"] = list(
                 check.factors_per_head(
-                    hooked["head_factors"],
-                    layer.num_key_value_heads,
-                    "num_key_value_heads",
+                    hooked["head_factors"], num_kv_heads, "num_key_value_heads"
                 )
             )
     except ValueError as error:

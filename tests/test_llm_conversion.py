@@ -22,18 +22,25 @@ ATTENTIONS = {
 }
 
 
-def _llama():
-    backbone = keras_hub.models.LlamaBackbone(
-        vocabulary_size=40,
-        num_layers=2,
-        num_query_heads=4,
-        num_key_value_heads=2,
-        hidden_dim=16,
-        intermediate_dim=32,
-        max_sequence_length=32,
-    )
+def _llama(family="llama"):
+    config = {
+        "vocabulary_size": 40,
+        "num_layers": 2,
+        "num_query_heads": 4,
+        "num_key_value_heads": 2,
+        "hidden_dim": 16,
+        "intermediate_dim": 32,
+    }
+    if family == "llama":
+        backbone = keras_hub.models.LlamaBackbone(
+            max_sequence_length=32, **config
+        )
+        task = keras_hub.models.LlamaCausalLM
+    else:  # Mistral: the same hook, a sliding window in its mask
+        backbone = keras_hub.models.MistralBackbone(sliding_window=6, **config)
+        task = keras_hub.models.MistralCausalLM
     random_weights(backbone, seed=1)
-    return keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
+    return task(backbone=backbone, preprocessor=None)
 
 
 def _batch(length=10):
@@ -51,8 +58,9 @@ def _attention_classes(lm):
     ]
 
 
-def test_options_off_give_the_original_logits_on_a_padded_batch():
-    lm = _llama()
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_options_off_give_the_original_logits_on_a_padded_batch(family):
+    lm = _llama(family)
     x = _batch()
     want = ops.convert_to_numpy(lm(x))
     same = ksa.replace_attention(lm, "softmax")
@@ -92,11 +100,22 @@ def test_bn_sh_change_the_logits_and_train(attention):
     )
 
 
-@pytest.mark.parametrize("attention", ["softmax", "bn+sh"])
-def test_generate_with_the_cache_equals_teacher_forcing(attention):
+@pytest.mark.parametrize(
+    "family,attention",
+    [
+        ("llama", "softmax"),
+        ("llama", "bn+sh"),
+        ("mistral", "softmax"),
+        # Mistral's sliding window with SH: a cached step's single query
+        # cannot tell which keys behind its band earlier queries saw, so
+        # windows there average differently (README); BN is exact.
+        ("mistral", "bn"),
+    ],
+)
+def test_generate_with_the_cache_equals_teacher_forcing(family, attention):
     # Greedy generation with the cache: one full causal forward over the
     # generated sequence predicts every generated token.
-    lm = _llama()
+    lm = _llama(family)
     new = ksa.replace_attention(lm, attention, **ATTENTIONS.get(attention, {}))
     prompt = _batch(length=16)
     prompt["padding_mask"][:, 6:] = False
