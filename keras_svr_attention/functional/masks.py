@@ -31,20 +31,6 @@ def merge_masks(*masks):
     return merged
 
 
-def padding_mask(mask):
-    """Key padding mask `(B, S)` -> `(B, 1, S)`; `None` passes through."""
-    if mask is None:
-        return None
-    return ops.expand_dims(ops.cast(mask, "bool"), axis=-2)
-
-
-def query_padding_mask(mask):
-    """Query padding mask `(B, T)` -> `(B, T, 1)`; `None` passes through."""
-    if mask is None:
-        return None
-    return ops.expand_dims(ops.cast(mask, "bool"), axis=-1)
-
-
 def query_positions(num_queries, offset=0):
     """`(T,)` int32 positions of the queries: `offset + i`.
 

@@ -48,6 +48,14 @@ def hook_causal_mask(attention_mask, use_causal_mask, query, key):
     return attention_mask, causal_only
 
 
+def beta_value(layer):
+    """b of Eqn 26: the learned scalar (float32) or `options.beta` (0 when
+    off)."""
+    if layer.options.learn_beta:
+        return ops.cast(layer.beta_weight, "float32")
+    return layer.options.beta or 0.0
+
+
 def dropout_fn(layer, rate, training):
     """Dropout on attention weights through the layer's own Dropout, or
     None when off."""

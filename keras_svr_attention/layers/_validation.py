@@ -186,18 +186,12 @@ def attention_options(
                 "weights it never forms. Received: flash_attention=True, "
                 f"dropout={dropout}"
             )
-    beta = non_negative_float("beta", beta, allow_none=True)
-    standardize = boolean("standardize", standardize)
-    learn_beta = boolean("learn_beta", learn_beta)
-    if learn_beta and beta is None:
-        raise ValueError(
-            "`learn_beta=True` needs `beta`, the initial value of the "
-            "learned scalar. Received: learn_beta=True, beta=None"
-        )
-    factors = factors_per_head(head_factors, num_heads)
-    num_prefix_tokens = non_negative_int("num_prefix_tokens", num_prefix_tokens)
-    if kernel not in KERNELS:
-        _fail("kernel", f"one of {KERNELS}", kernel)
+    core = svr_core_options(
+        beta, standardize, learn_beta, epsilon, head_factors, num_heads,
+        num_prefix_tokens, kernel,
+    )  # fmt: skip
+    beta, standardize, learn_beta = core.beta, core.standardize, core.learn_beta
+    factors, num_prefix_tokens = core.head_factors, core.num_prefix_tokens
     if kernel == "linear" and dropout:
         raise ValueError(
             "`dropout` on attention weights needs kernel='softmax'; linear "
@@ -253,7 +247,7 @@ def attention_options(
         beta=beta,
         standardize=standardize,
         learn_beta=learn_beta,
-        epsilon=positive_float("epsilon", epsilon),
+        epsilon=core.epsilon,
         head_factors=factors,
         num_prefix_tokens=num_prefix_tokens,
         kernel=kernel,
@@ -267,6 +261,53 @@ def attention_options(
         use_keras_masks=boolean("use_keras_masks", use_keras_masks),
     )
     return dropout, options
+
+
+def svr_core_options(
+    beta,
+    standardize,
+    learn_beta,
+    epsilon,
+    head_factors,
+    num_heads,
+    num_prefix_tokens,
+    kernel,
+    heads_name="num_heads",
+):
+    """Checks the options every SVR layer takes (BN, SH, the kernel) and
+    returns them as `SVROptions` (the other fields at their defaults)."""
+    beta = non_negative_float("beta", beta, allow_none=True)
+    learn_beta = boolean("learn_beta", learn_beta)
+    if learn_beta and beta is None:
+        raise ValueError(
+            "`learn_beta=True` needs `beta`, the initial value of the "
+            "learned scalar. Received: learn_beta=True, beta=None"
+        )
+    if kernel not in KERNELS:
+        _fail("kernel", f"one of {KERNELS}", kernel)
+    return SVROptions(
+        beta=beta,
+        standardize=boolean("standardize", standardize),
+        learn_beta=learn_beta,
+        epsilon=positive_float("epsilon", epsilon),
+        head_factors=factors_per_head(head_factors, num_heads, heads_name),
+        num_prefix_tokens=non_negative_int(
+            "num_prefix_tokens", num_prefix_tokens
+        ),
+        kernel=kernel,
+    )
+
+
+# The options of `svr_core_options`, the ones SVRGroupedQueryAttention takes.
+CORE_OPTIONS = (
+    "beta",
+    "standardize",
+    "learn_beta",
+    "epsilon",
+    "head_factors",
+    "num_prefix_tokens",
+    "kernel",
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -84,45 +84,30 @@ class SVRGroupedQueryAttention(keras.layers.GroupQueryAttention):
             int(head_dim), int(num_query_heads), int(num_key_value_heads),
             **kwargs,
         )  # fmt: skip
-        self._beta = check.non_negative_float("beta", beta, allow_none=True)
-        self._standardize = check.boolean("standardize", standardize)
-        self._learn_beta = check.boolean("learn_beta", learn_beta)
-        if self._learn_beta and self._beta is None:
-            raise ValueError(
-                "`learn_beta=True` needs `beta`, the initial value of the "
-                "learned scalar. Received: learn_beta=True, beta=None"
-            )
-        self._epsilon = check.positive_float("epsilon", epsilon)
-        self._head_factors = check.factors_per_head(
-            head_factors, self.num_key_value_heads, "num_key_value_heads"
+        self.options = check.svr_core_options(
+            beta,
+            standardize,
+            learn_beta,
+            epsilon,
+            head_factors,
+            self.num_key_value_heads,
+            num_prefix_tokens,
+            kernel,
+            heads_name="num_key_value_heads",
         )
-        self._num_prefix_tokens = check.non_negative_int(
-            "num_prefix_tokens", num_prefix_tokens
-        )
-        if kernel not in check.KERNELS:
-            raise ValueError(
-                f"`kernel` must be one of {check.KERNELS}. Received: "
-                f"kernel={kernel!r}"
-            )
-        self._kernel = kernel
 
     @property
     def head_factors(self):
-        return self._head_factors
+        return self.options.head_factors
 
     def build(self, query_shape, value_shape, key_shape=None):
         super().build(query_shape, value_shape, key_shape)
-        if self._learn_beta:
+        if self.options.learn_beta:
             self.beta_weight = self.add_weight(
                 name="beta",
                 shape=(),
-                initializer=keras.initializers.Constant(self._beta),
+                initializer=keras.initializers.Constant(self.options.beta),
             )
-
-    def _beta_value(self):
-        if self._learn_beta:
-            return ops.cast(self.beta_weight, "float32")
-        return self._beta or 0.0
 
     def call(
         self,
@@ -149,9 +134,11 @@ class SVRGroupedQueryAttention(keras.layers.GroupQueryAttention):
         num_keys = masks_lib.shape_of(value)[1]
         plan = visibility.plan_head_groups(
             tuple(
-                f for f in self._head_factors for _ in range(self.num_repeats)
+                f
+                for f in self.options.head_factors
+                for _ in range(self.num_repeats)
             ),
-            self._num_prefix_tokens,
+            self.options.num_prefix_tokens,
             num_queries,
             num_keys,
             query_mask=query_mask,
@@ -163,7 +150,7 @@ class SVRGroupedQueryAttention(keras.layers.GroupQueryAttention):
             ),
             causal=use_causal_mask,
             sliding_window=self.sliding_window,
-            kernel=self._kernel,
+            kernel=self.options.kernel,
         )
         output, scores = attention.attend_groups(
             query,
@@ -171,10 +158,10 @@ class SVRGroupedQueryAttention(keras.layers.GroupQueryAttention):
             value,
             plan,
             lambda *group: self._attend_group(*group, training),
-            self._num_prefix_tokens,
+            self.options.num_prefix_tokens,
             return_attention_scores,
         )
-        if self._kernel == "linear" and query_mask is not None:
+        if self.options.kernel == "linear" and query_mask is not None:
             rows = ops.cast(query_mask, "bool")[:, :, None, None]
             output = ops.where(rows, output, 0.0)
         if gate is not None:
@@ -183,16 +170,16 @@ class SVRGroupedQueryAttention(keras.layers.GroupQueryAttention):
         return (output, scores) if return_attention_scores else output
 
     def _attend_group(self, group, query, key, value, training):
-        if self._kernel == "linear":
+        if self.options.kernel == "linear":
             return attention.linear_group(
                 query,
                 key,
                 value,
                 group.key_weights,
                 group.visible,
-                self._beta_value(),
-                self._standardize,
-                self._epsilon,
+                common.beta_value(self),
+                self.options.standardize,
+                self.options.epsilon,
                 self._return_attention_scores,
             )
         fast = (
@@ -237,9 +224,9 @@ class SVRGroupedQueryAttention(keras.layers.GroupQueryAttention):
             value,
             attention_mask,
             causal_only,
-            beta=self._beta_value(),
-            standardize=self._standardize,
-            epsilon=self._epsilon,
+            beta=common.beta_value(self),
+            standardize=self.options.standardize,
+            epsilon=self.options.epsilon,
             scale=self._inverse_sqrt_head_dim,
             dropout=common.dropout_fn(self, self.dropout, training),
             return_scores=self._return_attention_scores,
@@ -249,11 +236,9 @@ class SVRGroupedQueryAttention(keras.layers.GroupQueryAttention):
     def get_config(self):
         return {
             **super().get_config(),
-            "beta": self._beta,
-            "standardize": self._standardize,
-            "learn_beta": self._learn_beta,
-            "epsilon": self._epsilon,
-            "head_factors": list(self._head_factors),
-            "num_prefix_tokens": self._num_prefix_tokens,
-            "kernel": self._kernel,
+            **{
+                name: value
+                for name, value in self.options.get_config().items()
+                if name in check.CORE_OPTIONS
+            },
         }

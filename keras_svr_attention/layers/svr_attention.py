@@ -322,11 +322,6 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 f"num_prefix_tokens={self.options.num_prefix_tokens}"
             )
 
-    def _beta_value(self):
-        if self.options.learn_beta:
-            return ops.cast(self.beta_weight, "float32")
-        return self.options.beta or 0.0
-
     def call(
         self,
         query,
@@ -356,7 +351,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         )
         if not self.options.use_keras_masks:
             query_mask = value_mask = key_mask = None
-        batch, num_queries = masks_lib.shape_of(query)[:2]
+        num_queries = masks_lib.shape_of(query)[1]
         static = (query.shape[0], query.shape[1], value.shape[1])
         visibility.check_padding_mask(
             "query_mask", query_mask, static[0], static[1], "T"
@@ -569,7 +564,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             value,
             attention_mask,
             causal_only,
-            beta=self._beta_value(),
+            beta=common.beta_value(self),
             standardize=self.options.standardize,
             epsilon=self.options.epsilon,
             scale=self._inverse_sqrt_key_dim,
@@ -606,7 +601,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             value,
             key_weights,
             visible,
-            beta=self._beta_value(),
+            beta=common.beta_value(self),
             standardize=self.options.standardize,
             epsilon=self.options.epsilon,
             return_scores=return_attention_scores,
