@@ -11,11 +11,12 @@ benchmarks.
 import glob
 import os
 import shutil
+import tarfile
 import zipfile
 
 import nox
 
-nox.options.sessions = ["lint", "tests", "package"]
+nox.options.sessions = ["lint", "tests", "package", "docs"]
 nox.options.reuse_existing_virtualenvs = True
 
 BACKENDS = ["tensorflow", "jax", "torch"]
@@ -135,6 +136,39 @@ def package(session):
         env=_env("torch"),
         external=True,
     )
+
+
+KATEX = "katex@0.19.1"
+
+
+@nox.session
+def docs(session):
+    """The site, built strictly (a warning, a broken link, a public name
+    without a docstring or an API page fails), then opened in headless
+    Chromium (tests/docs). KaTeX comes from npm into docs/assets/katex, so
+    the site typesets its equations offline. Open site/index.html after."""
+    session.install("-e", ".[docs]")
+    tmp = os.path.abspath(session.create_tmp())
+    katex = os.path.join("docs", "assets", "katex")
+    if not os.path.isfile(os.path.join(katex, "katex.min.js")):
+        with session.chdir(tmp):
+            session.run("npm", "pack", "--silent", KATEX, external=True)
+        (tarball,) = glob.glob(os.path.join(tmp, "katex-*.tgz"))
+        with tarfile.open(tarball) as f:
+            f.extractall(tmp, filter="data")
+        shutil.copytree(os.path.join(tmp, "package", "dist"), katex)
+        for path in glob.glob(os.path.join(katex, "*")):
+            if not path.endswith((".min.js", ".min.css", "fonts", "contrib")):
+                os.remove(path)
+    env = {"NO_MKDOCS_2_WARNING": "1"}
+    session.run("mkdocs", "build", "--strict", env=env)
+    shots = os.path.join(tmp, "screenshots")
+    session.run(
+        "pytest", "-q", "-p", "no:cacheprovider", "--noconftest",
+        "-m", "docs", "tests/docs",
+        env={"KSA_DOCS_SITE": "site", "KSA_DOCS_SCREENSHOTS": shots},
+    )  # fmt: skip
+    session.log(f"site: site/index.html; screenshots: {shots}")
 
 
 @nox.session

@@ -168,14 +168,13 @@ def replace_attention(
             unknown, options do not fit a layer (`head_factors` of another
             length than its heads), or a layer cannot be converted.
 
-    Example:
-
-    >>> inputs = keras.Input((6, 8))
-    >>> x = keras.layers.MultiHeadAttention(2, 4)(inputs, inputs)
-    >>> model = keras.Model(inputs, x)
-    >>> svr = replace_attention(model, "bn+sh", head_factors=[1, 2])
-    >>> [type(layer).__name__ for layer in svr.layers][-1]
-    'SVRAttention'
+    Examples:
+        >>> inputs = keras.Input((6, 8))
+        >>> x = keras.layers.MultiHeadAttention(2, 4)(inputs, inputs)
+        >>> model = keras.Model(inputs, x)
+        >>> svr = replace_attention(model, "bn+sh", head_factors=[1, 2])
+        >>> [type(layer).__name__ for layer in svr.layers][-1]
+        'SVRAttention'
     """
     if not isinstance(model, keras.Model):
         raise ValueError(

@@ -40,6 +40,7 @@ def svr_dot_product_attention(
     ```
 
     where:
+
     - query `(B, T, N, H)`, key and value `(B, S, K, H)`, K dividing N
       (grouped-query attention: query head u uses key/value head
       u // (N / K), as `keras.layers.GroupQueryAttention`);
@@ -78,15 +79,14 @@ def svr_dot_product_attention(
     Returns:
         `(B, T, N, H)` in the query's dtype.
 
-    Example:
-
-    >>> import keras
-    >>> q = keras.random.normal((2, 10, 8, 16), seed=0)
-    >>> kv = keras.random.normal((2, 10, 2, 16), seed=1)
-    >>> out = svr_dot_product_attention(
-    ...     q, kv, kv, is_causal=True, beta=1.0, head_factors=[1, 2])
-    >>> tuple(out.shape)
-    (2, 10, 8, 16)
+    Examples:
+        >>> import keras
+        >>> q = keras.random.normal((2, 10, 8, 16), seed=0)
+        >>> kv = keras.random.normal((2, 10, 2, 16), seed=1)
+        >>> out = svr_dot_product_attention(
+        ...     q, kv, kv, is_causal=True, beta=1.0, head_factors=[1, 2])
+        >>> tuple(out.shape)
+        (2, 10, 8, 16)
     """
     num_heads, num_kv_heads = query.shape[2], key.shape[2]
     if (

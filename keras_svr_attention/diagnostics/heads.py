@@ -7,6 +7,7 @@ from keras_svr_attention.functional import pooling
 from keras_svr_attention.models.encoder import TransformerEncoderBlock
 
 POOLED_VIEWS = ("shared", "window")
+"""The values of `attention_maps(..., pooled_view=...)`."""
 
 
 def attention_maps(model, inputs, batch_size=64, pooled_view="shared"):

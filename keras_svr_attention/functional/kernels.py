@@ -133,9 +133,10 @@ def elu_feature_map(x):
     that `where` does not take finite: exp of a large positive x would
     overflow and its zero-weighted gradient would be 0 * inf = NaN.
 
-    >>> x = ops.array([-1e4, 0.5, 1e4])
-    >>> ops.convert_to_numpy(elu_feature_map(x)).tolist()[1:]
-    [1.5, 10001.0]
+    Examples:
+        >>> x = ops.array([-1e4, 0.5, 1e4])
+        >>> ops.convert_to_numpy(elu_feature_map(x)).tolist()[1:]
+        [1.5, 10001.0]
     """
     # exp(x) for x <= 0 rather than (exp(x) - 1) + 1, which rounds to 0.
     return ops.where(x > 0, x + 1.0, ops.exp(ops.clip(x, -30.0, 0.0)))

@@ -56,8 +56,9 @@ def causal_mask(num_queries, num_keys, offset=0):
     The same convention as `keras.layers.MultiHeadAttention`; `offset`
     places query 0 at key position `offset`, as in cached decoding.
 
-    >>> tuple(causal_mask(3, 4).shape)
-    (1, 3, 4)
+    Examples:
+        >>> tuple(causal_mask(3, 4).shape)
+        (1, 3, 4)
     """
     rows, cols = _positions(num_queries, num_keys, offset)
     return ops.greater_equal(rows, cols)
@@ -67,8 +68,9 @@ def local_window_mask(num_queries, num_keys, window, offset=0):
     """Band mask `(1, T, S)`: query `i` sees key `j` iff
     `|i + offset - j| < window`.
 
-    >>> tuple(local_window_mask(5, 5, 2).shape)
-    (1, 5, 5)
+    Examples:
+        >>> tuple(local_window_mask(5, 5, 2).shape)
+        (1, 5, 5)
     """
     rows, cols = _positions(num_queries, num_keys, offset)
     return ops.less(ops.abs(rows - cols), window)
@@ -102,6 +104,7 @@ def fixed_mask(num_queries, num_keys, block, num_summary=1, offset=0):
 
 
 SPARSITY = ("local", "strided", "fixed")
+"""The sparse patterns `sparse_mask` builds (Child et al. 2019; local)."""
 
 
 def sparse_mask(sparsity, num_queries, num_keys, block_size, offset=0):

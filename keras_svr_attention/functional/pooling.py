@@ -136,8 +136,9 @@ def window_ends(num_keys, factor, num_prefix_tokens=0):
     The span of a window cut short by the end of the sequence still ends
     there, so a causal query inside it never sees it (SPEC.md section 6).
 
-    >>> ops.convert_to_numpy(window_ends(7, 2, 1)).tolist()
-    [0, 2, 4, 6]
+    Examples:
+        >>> ops.convert_to_numpy(window_ends(7, 2, 1)).tolist()
+        [0, 2, 4, 6]
     """
     p = num_prefix_tokens
     pooled = ops.arange(pooled_length(num_keys, factor, p), dtype="int32")
@@ -184,8 +185,9 @@ def repeat_windows(x, factor, num_prefix_tokens, length):
 def group_heads(head_factors):
     """Heads grouped by factor, in order of first appearance.
 
-    >>> group_heads([1, 2, 1, 4])
-    [(1, (0, 2)), (2, (1,)), (4, (3,))]
+    Examples:
+        >>> group_heads([1, 2, 1, 4])
+        [(1, (0, 2)), (2, (1,)), (4, (3,))]
     """
     groups = {}
     for head, factor in enumerate(head_factors):

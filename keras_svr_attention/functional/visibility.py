@@ -154,7 +154,8 @@ def plan_head_groups(
     Args:
         head_factors: sequence of int >= 1, one per head.
         num_prefix_tokens: int p. Leading keys that are never pooled.
-        num_queries, num_keys: T and S, ints or scalar tensors.
+        num_queries: T, an int or a scalar tensor.
+        num_keys: S, an int or a scalar tensor.
         query_mask: `(B, T)` query padding, or None.
         key_padding: `(B, S)` key padding (value and key masks merged), or
             None.
@@ -164,7 +165,9 @@ def plan_head_groups(
         offset: int or int tensor. Position of query 0 (cached decoding).
         sliding_window: int or None. Query i sees key j only when
             |offset + i - j| < sliding_window.
-        sparsity, block_size: a named sparse pattern (`masks.sparse_mask`).
+        sparsity: the name of a sparse pattern (`masks.sparse_mask`), or
+            None.
+        block_size: int. The sparse pattern's block size.
         pending: `(B|1, S)` boolean cache slots not written yet, or None.
             They count as valid keys that no current query sees, so a
             window reaching into them is incomplete, as in the full forward.
@@ -174,8 +177,9 @@ def plan_head_groups(
     Returns:
         A list of `HeadGroup`, one per distinct factor.
 
-    >>> [g.factor for g in plan_head_groups([1, 2, 2, 4], 0, 6, 6)]
-    [1, 2, 4]
+    Examples:
+        >>> [g.factor for g in plan_head_groups([1, 2, 2, 4], 0, 6, 6)]
+        [1, 2, 4]
     """
     p = num_prefix_tokens
     num_heads = len(head_factors)

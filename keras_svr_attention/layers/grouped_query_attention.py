@@ -35,10 +35,12 @@ class SVRGroupedQueryAttention(keras.layers.GroupQueryAttention):
     queries at or after the end of its span. The computation is
     `keras_svr_attention.svr_dot_product_attention`'s.
 
+    `head_dim`, `num_query_heads`, `num_key_value_heads`, `dropout`,
+    `use_bias`, `sliding_window`, `flash_attention`, `use_gate` and the
+    initializers, regularizers and constraints are
+    `GroupQueryAttention`'s. The SVR options:
+
     Args:
-        head_dim, num_query_heads, num_key_value_heads, dropout, use_bias,
-            sliding_window, flash_attention, use_gate and the initializers,
-            regularizers and constraints: as in `GroupQueryAttention`.
         beta: float or None. Recentering weight b; None or 0: off.
         standardize: bool. Also divide by the keys' standard deviation.
         learn_beta: bool. Learn b as one scalar, initialised at `beta`.
@@ -47,14 +49,13 @@ class SVRGroupedQueryAttention(keras.layers.GroupQueryAttention):
         num_prefix_tokens: int. Leading tokens that are never pooled.
         kernel: "softmax" or "linear".
 
-    Example:
-
-    >>> layer = SVRGroupedQueryAttention(
-    ...     head_dim=8, num_query_heads=4, num_key_value_heads=2,
-    ...     beta=1.0, head_factors=[1, 2])
-    >>> x = keras.random.normal((2, 10, 16), seed=0)
-    >>> tuple(layer(x, x, use_causal_mask=True).shape)
-    (2, 10, 16)
+    Examples:
+        >>> layer = SVRGroupedQueryAttention(
+        ...     head_dim=8, num_query_heads=4, num_key_value_heads=2,
+        ...     beta=1.0, head_factors=[1, 2])
+        >>> x = keras.random.normal((2, 10, 16), seed=0)
+        >>> tuple(layer(x, x, use_causal_mask=True).shape)
+        (2, 10, 16)
     """
 
     def __init__(

@@ -160,8 +160,9 @@ def options_for(attention, num_heads, check_only=False, **kwargs):
     for an unknown name, and for a `beta` or `head_factors` that the name
     does not use ("sh" with `beta`, "softmax" with `head_factors`).
 
-    >>> options_for("bn+sh", 4)
-    {'beta': 1.0, 'head_factors': [1, 1, 2, 2]}
+    Examples:
+        >>> options_for("bn+sh", 4)
+        {'beta': 1.0, 'head_factors': [1, 1, 2, 2]}
     """
     parts = str(attention).lower().replace("-", "+").split("+")
     kernel = parts[0] if parts[0] in _KERNEL_NAMES else "softmax"
@@ -198,8 +199,9 @@ def options_used_by(attention, **options):
     for the BN ones, `head_factors` for the SH ones) and call `get` with
     each name. `get` itself refuses such options.
 
-    >>> options_used_by("bn", beta=0.6, head_factors=[1, 2])
-    {'beta': 0.6}
+    Examples:
+        >>> options_used_by("bn", beta=0.6, head_factors=[1, 2])
+        {'beta': 0.6}
     """
     parts = set(str(attention).lower().replace("-", "+").split("+"))
     unused = {"beta": "bn", "head_factors": "sh"}
@@ -216,8 +218,9 @@ def get(attention, num_heads, key_dim, **kwargs):
     See `options_for` for the names and how `kwargs` combine with them.
     Raises `ValueError` for an unknown name.
 
-    >>> get("bn+sh", num_heads=4, key_dim=8).head_factors
-    (1, 1, 2, 2)
+    Examples:
+        >>> get("bn+sh", num_heads=4, key_dim=8).head_factors
+        (1, 1, 2, 2)
     """
     options = options_for(attention, num_heads, **kwargs)
     return SVRAttention(num_heads=num_heads, key_dim=key_dim, **options)

@@ -32,6 +32,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
     ```
 
     where:
+
     - `b` is `beta` (a trainable scalar when `learn_beta`);
     - `mu_i` (and `sigma_i^2`) are the mean (and population variance) of the
       keys query i may attend to, per sample and per head; with
@@ -166,13 +167,12 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         `(B, T, dim_out)`, then the scores if asked, then the updated cache
         if a cache was given.
 
-    Example:
-
-    >>> layer = SVRAttention(num_heads=4, key_dim=16, beta=1.0,
-    ...                      head_factors=[1, 1, 2, 4])
-    >>> x = keras.random.normal((2, 10, 64), seed=0)
-    >>> tuple(layer(x, x, use_causal_mask=True).shape)
-    (2, 10, 64)
+    Examples:
+        >>> layer = SVRAttention(num_heads=4, key_dim=16, beta=1.0,
+        ...                      head_factors=[1, 1, 2, 4])
+        >>> x = keras.random.normal((2, 10, 64), seed=0)
+        >>> tuple(layer(x, x, use_causal_mask=True).shape)
+        (2, 10, 64)
 
     References:
         Nguyen et al., "A Primal-Dual Framework for Transformers and Neural

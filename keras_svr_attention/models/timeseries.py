@@ -31,13 +31,17 @@ def timeseries_classifier(
     (`GlobalAveragePooling1D` with the mask), dense head.
 
     Args:
-        max_length, num_features, num_classes: ints.
+        max_length: int. Time steps per (padded) series.
+        num_features: int. Channels per time step.
+        num_classes: int. Output logits.
         attention: "softmax", "bn", "sh", "bn+sh" (see `presets.get`).
-        width: int. Model width. depth: int. Number of blocks.
+        width: int. Model width.
+        depth: int. Number of blocks.
         num_heads: int. Defaults to 8.
         head_factors: SH factors; defaults to 1, 1, 2, 2, 4, 4, 8, 8.
         beta: float. BN recentering weight (paper: 0.6 on JapaneseVowels).
-        dropout, drop_path: floats. Dropout and stochastic depth rates.
+        dropout: float. Dropout rate.
+        drop_path: float. Stochastic depth rate.
         input_noise: float. Std of Gaussian noise added to the (padded,
             standardized) inputs in training, a cheap augmentation.
 
