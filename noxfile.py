@@ -152,7 +152,7 @@ def docs(session):
     katex = os.path.join("docs", "assets", "katex")
     if not os.path.isfile(os.path.join(katex, "katex.min.js")):
         with session.chdir(tmp):
-            session.run("npm", "pack", "--silent", KATEX, external=True)
+            session.run_install("npm", "pack", "--silent", KATEX, external=True)
         (tarball,) = glob.glob(os.path.join(tmp, "katex-*.tgz"))
         with tarfile.open(tarball) as f:
             f.extractall(tmp, filter="data")
@@ -213,66 +213,42 @@ def examples(session, backend):
     _install(session, backend, "examples")
     env = _env(backend)
     tmp = session.create_tmp()
-    ts = "examples/timeseries_classification.py"
-    image = "examples/image_classification.py"
-    session.run("python", ts, "--smoke", "--output", f"{tmp}/ts", env=env)
-    session.run(
-        "python",
-        "examples/convert_pretrained.py",
-        "--smoke",
-        "--model",
-        f"{tmp}/ts/softmax_seed0.keras",
-        "--output",
-        f"{tmp}/convert",
-        env=env,
+
+    def example(script, *args, **kwargs):
+        return session.run(
+            "python", f"examples/{script}.py", "--smoke", *args, env=env,
+            **kwargs,
+        )  # fmt: skip
+
+    example("timeseries_classification", "--output", f"{tmp}/ts")
+    example(
+        "convert_pretrained",
+        *("--model", f"{tmp}/ts/softmax_seed0.keras"),
+        *("--output", f"{tmp}/convert"),
     )
-    session.run(
-        "python",
-        image,
-        "--smoke",
-        "--augment",
-        "keras",
-        "--output",
-        f"{tmp}/image",
-        env=env,
+    example("image_classification", "--output", f"{tmp}/image")
+    example(
+        "image_augmentation", "--attention", "bn+sh", "--output", f"{tmp}/aug"
     )
     if backend in ("jax", "tensorflow"):  # two virtual host devices
-        log = session.run(
-            "python",
-            image,
-            "--smoke",
-            "--data-parallel",
-            "--host-devices",
-            "2",
-            "--augment",
-            "keras",
-            "--attention",
-            "bn+sh",
-            "--output",
-            f"{tmp}/dp",
-            env=env,
+        log = example(
+            "data_parallel",
+            *("--host-devices", "2", "--output", f"{tmp}/dp"),
             silent=True,
         )
         print(log)
         if log is not None and "data parallel over 2 devices" not in log:
-            session.error("--data-parallel did not use two devices")
+            session.error("data_parallel.py did not use two devices")
     suite = ["benchmarks/offline_suite.py", "--smoke", "--output", tmp]
     suite += ["--datasets", "UnitTest", "--seeds", "2", "--candidates", "2"]
     session.run("python", *suite, env=env)  # runs, then reports
     session.run("python", *suite, "--report", env=env)  # all cached
     if backend == "tensorflow":
         session.install("keras-cv")
-        session.run(
-            "python",
-            image,
-            "--smoke",
-            "--augment",
-            "keras-cv",
-            "--attention",
-            "sh",
-            "--output",
-            f"{tmp}/kcv",
-            env=env,
+        example(
+            "image_augmentation",
+            *("--augment", "keras-cv", "--attention", "sh"),
+            *("--output", f"{tmp}/kcv"),
         )
 
 
@@ -309,7 +285,7 @@ def slow(session, backend):
         session.run(
             "pytest",
             "-q",
-            "tests/test_robustness.py",
+            "tests/layers/test_robustness.py",
             "-k",
             "blind_rows",
             env=env,

@@ -1,10 +1,11 @@
-"""What the image example's `--augment keras` costs a training epoch.
+"""What DeiT's augmentation (`examples/image_augmentation.py`) costs an epoch.
 
 Runs `examples/image_classification.py` (digits, `small` ViT, softmax
 attention, batch 64, 1437 images, 4 epochs, one seed) on the active
-backend without augmentation and with DeiT's recipe through Keras's layers
-(RandAugment and RandomErasing in the model, MixUp or CutMix on each
-batch), and reports the median seconds per epoch of each and their ratio.
+backend without augmentation, and `examples/image_augmentation.py` (the
+same with DeiT's recipe through Keras's layers: RandAugment and
+RandomErasing in the model, MixUp or CutMix on each batch), and reports
+the median seconds per epoch of each and their ratio.
 The runs follow each other in one invocation, so they share the machine's
 state.
 
@@ -19,21 +20,21 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXAMPLE = os.path.join(ROOT, "examples", "image_classification.py")
 SETUPS = [
-    ("none", "none"),
-    ("RandAugment + RandomErasing + MixUp/CutMix", "keras"),
+    ("none", "image_classification"),
+    ("RandAugment + RandomErasing + MixUp/CutMix", "image_augmentation"),
 ]
 
 
-def epoch_seconds(augment, epochs, folder):
-    """Median seconds per epoch of the example with `--augment augment`."""
-    output = os.path.join(folder, augment)
+def epoch_seconds(example, epochs, folder):
+    """Median seconds per epoch of `examples/<example>.py`."""
+    output = os.path.join(folder, example)
     subprocess.run(
         [
             sys.executable,
-            EXAMPLE,
-            *("--augment", augment, "--attention", "softmax"),
+            os.path.join(ROOT, "examples", f"{example}.py"),
+            "--attention",
+            "softmax",
             *("--seeds", "1", "--epochs", str(epochs), "--output", output),
         ],
         check=True,
@@ -54,8 +55,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        for name, augment in SETUPS:
-            seconds, backend = epoch_seconds(augment, args.epochs, folder)
+        for name, example in SETUPS:
+            seconds, backend = epoch_seconds(example, args.epochs, folder)
             rows.append({"augmentation": name, "s": seconds})
             print(f"{backend} {name}: {seconds:.2f} s/epoch", flush=True)
     lines = [

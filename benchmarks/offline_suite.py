@@ -36,6 +36,9 @@ import json
 import math
 import os
 import time
+from typing import NamedTuple
+
+import numpy as np
 
 ATTENTIONS = ["softmax", "bn", "sh", "bn+sh"]
 # The classification sets inside aeon's package (aeon 1.x): no download.
@@ -61,6 +64,70 @@ SPACE = {
     "beta": [0.3, 0.6, 1.0],
 }
 NUM_HEADS = 8
+
+
+class Split(NamedTuple):
+    """One split of a set: series `(N, T, C)`, masks of their real steps
+    `(N, T)` and class indices `(N,)`."""
+
+    x: np.ndarray
+    mask: np.ndarray
+    y: np.ndarray
+
+    def take(self, rows):
+        return Split(self.x[rows], self.mask[rows], self.y[rows])
+
+
+class RunKey(NamedTuple):
+    """One run: a tuning candidate (`phase="tune"`, `index` = candidate)
+    or a final test run (`phase="test"`, `index` = seed)."""
+
+    dataset: str
+    attention: str
+    phase: str
+    index: int
+
+    @property
+    def parts(self):
+        slug = self.attention.replace("+", "_")
+        return self.dataset, slug, self.phase, f"{self.phase}{self.index}"
+
+
+class Cache:
+    """One JSON file per run, `root/<dataset>/<attention>/<phase>/
+    <phase><index>.json`; a file present means the run is done."""
+
+    def __init__(self, root):
+        self.root = root
+
+    def path(self, key):
+        *folders, name = key.parts
+        return os.path.join(self.root, *folders, f"{name}.json")
+
+    def get(self, key):
+        """The run cached under `key`, or None."""
+        path = self.path(key)
+        if not os.path.exists(path):
+            return None
+        with open(path) as f:
+            return json.load(f)
+
+    def put(self, key, run):
+        path = self.path(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            json.dump(run, f)
+        os.replace(path + ".tmp", path)  # a killed run leaves no half file
+
+    def runs(self, smoke):
+        """Every cached run of the given mode."""
+        for folder, _, files in sorted(os.walk(self.root)):
+            for name in sorted(files):
+                if name.endswith(".json"):
+                    with open(os.path.join(folder, name)) as f:
+                        run = json.load(f)
+                    if run["smoke"] == smoke:
+                        yield run
 
 
 def parse_args(argv=None):
@@ -96,8 +163,6 @@ def parse_args(argv=None):
 
 def candidates(count):
     """`count` hyperparameter sets drawn from SPACE with a fixed seed."""
-    import numpy as np
-
     rng = np.random.default_rng(20230501)
     return [
         {k: v[rng.integers(len(v))] for k, v in SPACE.items()}
@@ -106,41 +171,38 @@ def candidates(count):
 
 
 def validation_split(train):
-    """A stratified 75/25 split of the training set (fixed seed)."""
-    import numpy as np
+    """A stratified 75/25 split of the `Split` `train` (fixed seed)."""
     from sklearn.model_selection import train_test_split
 
-    labels = train[2]
-    classes = len(np.unique(labels))
-    size = max(0.25, classes / len(labels))
+    classes = len(np.unique(train.y))
+    size = max(0.25, classes / len(train.y))
     fit, val = train_test_split(
-        np.arange(len(labels)),
+        np.arange(len(train.y)),
         test_size=size,
         random_state=0,
-        stratify=labels,
+        stratify=train.y,
     )
-    return tuple(a[fit] for a in train), tuple(a[val] for a in train)
+    return train.take(fit), train.take(val)
 
 
 def train_once(
-    attention, config, train, evaluate, classes, seed, smoke, diversity=True
+    attention, config, *, train, evaluate, classes, seed, smoke, diversity
 ):
-    """One model: fit on `train`, score `evaluate` every epoch.
+    """One model: fit on the `Split` `train`, score `evaluate` every epoch.
 
     With `diversity`, also the head redundancy on 64 `evaluate` series, with
     pooled heads seen both ways (`attention_maps`'s `pooled_view`).
     """
     import keras
-    import numpy as np
 
     import keras_svr_attention as ksa
 
     keras.utils.set_random_seed(seed)
     epochs = 1 if smoke else config["epochs"]
-    batch_size = 16 if len(train[2]) < 100 else 32
+    batch_size = 16 if len(train.y) < 100 else 32
     model = ksa.timeseries_classifier(
-        train[0].shape[1],
-        train[0].shape[2],
+        train.x.shape[1],
+        train.x.shape[2],
         classes,
         attention=attention,
         width=config["width"],
@@ -151,7 +213,7 @@ def train_once(
         dropout=config["dropout"],
         input_noise=config["input_noise"],
     )
-    steps = epochs * math.ceil(len(train[2]) / batch_size)
+    steps = epochs * math.ceil(len(train.y) / batch_size)
     model.compile(
         optimizer=keras.optimizers.AdamW(
             keras.optimizers.schedules.CosineDecay(
@@ -164,146 +226,134 @@ def train_once(
     )
     start = time.perf_counter()
     history = model.fit(
-        [train[0], train[1]],
-        train[2],
+        [train.x, train.mask],
+        train.y,
         batch_size=batch_size,
         epochs=epochs,
-        validation_data=([evaluate[0], evaluate[1]], evaluate[2]),
+        validation_data=([evaluate.x, evaluate.mask], evaluate.y),
         verbose=0,
     )
     seconds = time.perf_counter() - start
+    curve = [100 * a for a in history.history["val_accuracy"]]
     result = {
-        "accuracy": 100 * history.history["val_accuracy"][-1],
+        "accuracy": curve[-1],
         "loss": history.history["val_loss"][-1],
-        "best_epoch_accuracy": 100 * max(history.history["val_accuracy"]),
-        "curve": [100 * a for a in history.history["val_accuracy"]],
+        "best_epoch_accuracy": max(curve),
+        "curve": curve,
         "train_seconds": seconds,
     }
-    sample = slice(0, 64)
-    inputs = [evaluate[0][sample], evaluate[1][sample]]
+    sample = evaluate.take(slice(0, 64))
     for view in ("shared", "window") if diversity else ():
-        maps = ksa.attention_maps(model, inputs, pooled_view=view)
-        result[f"redundancy_{view}"] = ksa.head_redundancy(
-            maps, evaluate[1][sample]
+        maps = ksa.attention_maps(
+            model, [sample.x, sample.mask], pooled_view=view
         )
+        result[f"redundancy_{view}"] = ksa.head_redundancy(maps, sample.mask)
     del model
     keras.backend.clear_session()
     np.testing.assert_(np.isfinite(result["loss"]), "non-finite loss")
     return result
 
 
-class Cache:
-    """One JSON file per run under `root`; present means done."""
-
-    def __init__(self, root):
-        self.root = root
-
-    def path(self, *key):
-        return os.path.join(self.root, *key[:-1], f"{key[-1]}.json")
-
-    def get(self, *key):
-        path = self.path(*key)
-        if os.path.exists(path):
-            with open(path) as f:
-                return json.load(f)
-        return None
-
-    def put(self, value, *key):
-        path = self.path(*key)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path + ".tmp", "w") as f:
-            json.dump(value, f)
-        os.replace(path + ".tmp", path)  # a killed run leaves no half file
-
-
-def slug(name):
-    return name.replace("+", "_")
+def plan(args, configs):
+    """Every run of the suite, in order: per set and attention, the tuning
+    candidates, then the test seeds."""
+    return [
+        RunKey(dataset, attention, phase, index)
+        for dataset in args.datasets
+        for attention in args.attentions
+        for phase, count in (("tune", len(configs)), ("test", args.seeds))
+        for index in range(count)
+    ]
 
 
 def run_suite(args):
+    """Trains every run that the cache does not hold; returns how many."""
     import keras
 
     from keras_svr_attention.datasets import load_uea
 
     cache = Cache(os.path.join(args.output, "runs"))
     configs = candidates(args.candidates)
-    plan = [
-        (d, a, phase, i)
-        for d in args.datasets
-        for a in args.attentions
-        for phase, i in [("tune", c) for c in range(len(configs))]
-        + [("test", s) for s in range(args.seeds)]
-    ]
+    keys = plan(args, configs)
     data, done = {}, 0
     started = time.perf_counter()
-    for step, (dataset, attention, phase, index) in enumerate(plan, 1):
-        key = (dataset, slug(attention), phase, f"{phase}{index}")
+    for step, key in enumerate(keys, 1):
         if current(cache, key, configs, args.smoke):
             continue
-        if dataset not in data:
-            data = {dataset: load_uea(dataset, args.max_length)}
-        train, test, names = data[dataset]
-        classes = len(names)
-        if phase == "tune":
-            config = configs[index]
+        if key.dataset not in data:
+            train, test, names = load_uea(key.dataset, args.max_length)
+            data = {key.dataset: (Split(*train), Split(*test), len(names))}
+        train, test, classes = data[key.dataset]
+        if key.phase == "tune":
+            candidate, config = key.index, configs[key.index]
             fit, val = validation_split(train)
-            result = train_once(
-                attention, config, fit, val, classes, 0, args.smoke, False
-            )
-            label = f"candidate {index}"
+            seed, diversity, label = 0, False, f"candidate {key.index}"
         else:
-            index_chosen, config = choose(cache, dataset, attention, configs)
-            result = train_once(
-                attention, config, train, test, classes, index, args.smoke
-            )
-            label = f"seed {index}"
+            candidate, config = choose(cache, key, configs)
+            fit, val = train, test
+            seed, diversity, label = key.index, True, f"seed {key.index}"
+        result = train_once(
+            key.attention,
+            config,
+            train=fit,
+            evaluate=val,
+            classes=classes,
+            seed=seed,
+            smoke=args.smoke,
+            diversity=diversity,
+        )
         result.update(
-            dataset=dataset,
-            attention=attention,
-            candidate=index if phase == "tune" else index_chosen,
+            dataset=key.dataset,
+            attention=key.attention,
+            candidate=candidate,
             config=config,
             backend=keras.config.backend(),
             smoke=args.smoke,
         )
-        cache.put(result, *key)
+        cache.put(key, result)
         done += 1
         elapsed = time.perf_counter() - started
         print(
-            f"[{step}/{len(plan)}] {dataset} {attention} {phase} {label}: "
-            f"{result['accuracy']:.2f}% in {result['train_seconds']:.0f} s "
-            f"({elapsed / 60:.1f} min this session)",
+            f"[{step}/{len(keys)}] {key.dataset} {key.attention} "
+            f"{key.phase} {label}: {result['accuracy']:.2f}% in "
+            f"{result['train_seconds']:.0f} s ({elapsed / 60:.1f} min this "
+            "session)",
             flush=True,
         )
     return done
 
 
-def choose(cache, dataset, attention, configs):
-    """The candidate with the best validation accuracy (then loss)."""
-    scored = []
-    for index, config in enumerate(configs):
-        run = cache.get(dataset, slug(attention), "tune", f"tune{index}")
-        scored.append((-run["accuracy"], run["loss"], index, config))
-    best = min(scored)
-    return best[2], best[3]
+def tuning_runs(cache, key, configs):
+    """The cached tuning runs of `key`'s set and attention (None: missing)."""
+    return [
+        cache.get(key._replace(phase="tune", index=index))
+        for index in range(len(configs))
+    ]
+
+
+def choose(cache, key, configs):
+    """(index, config) of the candidate with the best validation accuracy
+    (then the lower loss) for `key`'s set and attention."""
+    runs = tuning_runs(cache, key, configs)
+    best = min(
+        range(len(configs)),
+        key=lambda i: (-runs[i]["accuracy"], runs[i]["loss"], i),
+    )
+    return best, configs[best]
 
 
 def current(cache, key, configs, smoke):
     """Whether the run cached under `key` still counts: same mode and, for
     a test run, trained on the candidate that tuning chooses now (more
     `--candidates` can change the choice; tuning runs are kept)."""
-    run = cache.get(*key)
+    run = cache.get(key)
     if run is None or run["smoke"] != smoke:
         return False
-    dataset, attention, phase, _ = key
-    if phase == "tune":
+    if key.phase == "tune":
         return True
-    tuned = [
-        cache.get(dataset, attention, "tune", f"tune{i}")
-        for i in range(len(configs))
-    ]
-    if any(t is None for t in tuned):
+    if None in tuning_runs(cache, key, configs):
         return False
-    return run["candidate"] == choose(cache, dataset, attention, configs)[0]
+    return run["candidate"] == choose(cache, key, configs)[0]
 
 
 def collect(cache, args, configs):
@@ -312,11 +362,11 @@ def collect(cache, args, configs):
     for dataset in args.datasets:
         for attention in args.attentions:
             keys = [
-                (dataset, slug(attention), "test", f"test{seed}")
+                RunKey(dataset, attention, "test", seed)
                 for seed in range(args.seeds)
             ]
             runs = [
-                cache.get(*key)
+                cache.get(key)
                 for key in keys
                 if current(cache, key, configs, args.smoke)
             ]
@@ -325,51 +375,49 @@ def collect(cache, args, configs):
     return table
 
 
-def mean_std(values):
-    import numpy as np
+# The report's sections, from small functions below.
 
-    return f"{np.mean(values):.2f} ± {np.std(values):.2f}"
+
+def markdown(header, rows):
+    """A Markdown table: a header row, then rows of cells."""
+    line = lambda cells: "| " + " | ".join(cells) + " |"  # noqa: E731
+    rule = "|" + "---|" * len(header)
+    return "\n".join([line(header), rule, *map(line, rows)])
 
 
 def accuracy_table(table, attentions, key):
-    """Markdown: one row per dataset, mean ± std over seeds per attention."""
-    import numpy as np
-
-    lines = [
-        "| dataset | " + " | ".join(attentions) + " |",
-        "|---|" + "---|" * len(attentions),
-    ]
-    means = {a: [] for a in attentions}
+    """One row per dataset, mean ± std over seeds per attention, and the
+    mean over the sets every attention finished."""
+    rows, means = [], {a: [] for a in attentions}
     for dataset, runs in table.items():
         cells = []
         for a in attentions:
             values = [r[key] for r in runs.get(a, [])]
-            cells.append(mean_std(values) if values else "–")
+            cells.append(
+                f"{np.mean(values):.2f} ± {np.std(values):.2f}"
+                if values
+                else "–"
+            )
             if len(runs) == len(attentions):
                 means[a].append(np.mean(values))
-        lines.append(f"| {dataset} | " + " | ".join(cells) + " |")
+        rows.append([dataset, *cells])
     complete = len(next(iter(means.values()), []))
-    cells = [
-        f"{np.mean(means[a]):.2f}" if complete else "–" for a in attentions
-    ]
-    lines.append(f"| mean over {complete} sets | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    rows.append(
+        [f"mean over {complete} sets"]
+        + [f"{np.mean(means[a]):.2f}" if complete else "–" for a in attentions]
+    )
+    return markdown(["dataset", *attentions], rows)
 
 
 def paired_tests(table, attentions, key):
     """Wilcoxon signed-rank of each variant against softmax.
 
     Pairs are (dataset, seed): the same seed and data for both attentions.
+    Returns the Markdown table and {variant: {pairs, mean, p}}.
     """
-    import numpy as np
     from scipy.stats import wilcoxon
 
-    lines = [
-        "| variant vs softmax | pairs | mean difference (points) | "
-        "wins / ties / losses | Wilcoxon p (two-sided) |",
-        "|---|---|---|---|---|",
-    ]
-    result = {}
+    rows, result = [], {}
     for a in attentions:
         if a == "softmax":
             continue
@@ -385,23 +433,36 @@ def paired_tests(table, attentions, key):
         nonzero = diff[np.abs(diff) > 1e-9]
         p = float(wilcoxon(nonzero).pvalue) if len(nonzero) >= 2 else 1.0
         result[a] = {"pairs": len(diff), "mean": float(diff.mean()), "p": p}
-        lines.append(
-            f"| {a} | {len(diff)} | {diff.mean():+.2f} | "
-            f"{(diff > 1e-9).sum()} / {(np.abs(diff) <= 1e-9).sum()} / "
-            f"{(diff < -1e-9).sum()} | {p:.3f} |"
-        )
-    return "\n".join(lines), result
+        wins, ties = (diff > 1e-9).sum(), (np.abs(diff) <= 1e-9).sum()
+        rows.append(
+            [a, str(len(diff)), f"{diff.mean():+.2f}",
+             f"{wins} / {ties} / {(diff < -1e-9).sum()}", f"{p:.3f}"]
+        )  # fmt: skip
+    header = [
+        "variant vs softmax",
+        "pairs",
+        "mean difference (points)",
+        "wins / ties / losses",
+        "Wilcoxon p (two-sided)",
+    ]
+    return markdown(header, rows), result
+
+
+def set_means(table):
+    """The table with each set's seeds replaced by their mean accuracy."""
+    return {
+        dataset: {
+            a: [{"accuracy": float(np.mean([r["accuracy"] for r in runs]))}]
+            for a, runs in by_attention.items()
+        }
+        for dataset, by_attention in table.items()
+    }
 
 
 def redundancy_table(table, attentions):
     """Head diversity per set, both views of pooled heads, and the mean
-    over the sets every attention finished (with SH's rank)."""
-    import numpy as np
-
-    lines = [
-        "| dataset | pooled heads seen as | " + " | ".join(attentions) + " |",
-        "|---|---|" + "---|" * len(attentions),
-    ]
+    over the sets every attention finished."""
+    rows = []
     for view in ("shared", "window"):
         means = []
         for dataset, runs in table.items():
@@ -414,38 +475,32 @@ def redundancy_table(table, attentions):
             if None not in values:
                 means.append(values)
             cells = ["–" if v is None else f"{v:.3f}" for v in values]
-            lines.append(f"| {dataset} | {view} | " + " | ".join(cells) + " |")
+            rows.append([dataset, view, *cells])
         if means:
             cells = [f"**{v:.3f}**" for v in np.mean(means, axis=0)]
-            lines.append(
-                f"| **mean over {len(means)} sets** | {view} | "
-                + " | ".join(cells)
-                + " |"
-            )
-    return "\n".join(lines)
+            rows.append([f"**mean over {len(means)} sets**", view, *cells])
+    return markdown(["dataset", "pooled heads seen as", *attentions], rows)
 
 
 def chosen_table(table, attentions):
     """Which candidate tuning chose, per set and attention."""
-    lines = [
-        "| dataset | " + " | ".join(attentions) + " |",
-        "|---|" + "---|" * len(attentions),
-    ]
-    for dataset, runs in table.items():
-        cells = [
+    rows = [
+        [dataset]
+        + [
             str(runs[a][0]["candidate"]) if a in runs else "–"
             for a in attentions
         ]
-        lines.append(f"| {dataset} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        for dataset, runs in table.items()
+    ]
+    return markdown(["dataset", *attentions], rows)
 
 
 def critical_difference(table, attentions, path):
-    """aeon's diagram over the sets every attention finished."""
+    """aeon's diagram over the sets every attention finished; the number
+    of those sets (None: fewer than two, no diagram)."""
     import matplotlib
 
     matplotlib.use("Agg")
-    import numpy as np
     from aeon.visualisation import plot_critical_difference
 
     rows = [
@@ -465,38 +520,14 @@ def critical_difference(table, attentions, path):
     return len(rows)
 
 
-def write_report(args, configs):
-    import numpy as np
+REPORT = """# Offline suite: softmax vs BN vs SH vs BN+SH
 
-    cache = Cache(os.path.join(args.output, "runs"))
-    table = collect(cache, args, configs)
-    attentions = args.attentions
-    honest = accuracy_table(table, attentions, "accuracy")
-    paper = accuracy_table(table, attentions, "best_epoch_accuracy")
-    tests, summary = paired_tests(table, attentions, "accuracy")
-    # Seeds of one set are not independent: the same test on set means.
-    means = {
-        d: {
-            a: [{"accuracy": float(np.mean([r["accuracy"] for r in rs]))}]
-            for a, rs in by.items()
-        }
-        for d, by in table.items()
-    }
-    set_tests, _ = paired_tests(means, attentions, "accuracy")
-    paper_tests, _ = paired_tests(table, attentions, "best_epoch_accuracy")
-    cd = critical_difference(
-        table, attentions, os.path.join(args.output, "critical_difference.png")
-    )
-    runs = list(_all_runs(cache.root, args.smoke))
-    hours = sum(r["train_seconds"] for r in runs) / 3600
-    text = f"""# Offline suite: softmax vs BN vs SH vs BN+SH
-
-Written by `benchmarks/offline_suite.py --report` from {len(runs)} cached
+Written by `benchmarks/offline_suite.py --report` from {count} cached
 runs ({hours:.2f} h of training, summed over runs). Backend:
-{runs[0]["backend"] if runs else "–"}. Candidates (drawn once, seeded):
+{backend}. Candidates (drawn once, seeded):
 
 ```json
-{json.dumps(configs, indent=1)}
+{configs}
 ```
 
 ## Final model, test accuracy % (honest: chosen on validation)
@@ -524,42 +555,52 @@ stricter test):
 
 ## Head diversity (`head_redundancy`, mean over seeds; 64 test series)
 
-{redundancy_table(table, attentions)}
+{diversity}
 
 ## Chosen candidate per set and attention
 
-{chosen_table(table, attentions)}
+{chosen}
 """
+
+
+def write_report(args, configs):
+    """report.md, summary.json and critical_difference.png in `--output`,
+    from the cached runs."""
+    cache = Cache(os.path.join(args.output, "runs"))
+    table = collect(cache, args, configs)
+    attentions = args.attentions
+    runs = list(cache.runs(args.smoke))
+    tests, summary = paired_tests(table, attentions, "accuracy")
+    text = REPORT.format(
+        count=len(runs),
+        hours=sum(r["train_seconds"] for r in runs) / 3600,
+        backend=runs[0]["backend"] if runs else "–",
+        configs=json.dumps(configs, indent=1),
+        honest=accuracy_table(table, attentions, "accuracy"),
+        tests=tests,
+        set_tests=paired_tests(set_means(table), attentions, "accuracy")[0],
+        paper=accuracy_table(table, attentions, "best_epoch_accuracy"),
+        paper_tests=paired_tests(table, attentions, "best_epoch_accuracy")[0],
+        diversity=redundancy_table(table, attentions),
+        chosen=chosen_table(table, attentions),
+    )
+    cd = critical_difference(
+        table, attentions, os.path.join(args.output, "critical_difference.png")
+    )
     with open(os.path.join(args.output, "report.md"), "w") as f:
         f.write(text)
+    summary = {
+        "configs": configs,
+        "paired_tests": summary,
+        "critical_difference_sets": cd,
+        "means": {
+            dataset: {a: runs[0]["accuracy"] for a, runs in by.items()}
+            for dataset, by in set_means(table).items()
+        },
+    }
     with open(os.path.join(args.output, "summary.json"), "w") as f:
-        json.dump(
-            {
-                "configs": configs,
-                "paired_tests": summary,
-                "critical_difference_sets": cd,
-                "means": {
-                    d: {
-                        a: float(np.mean([r["accuracy"] for r in rs]))
-                        for a, rs in by.items()
-                    }
-                    for d, by in table.items()
-                },
-            },
-            f,
-            indent=1,
-        )
+        json.dump(summary, f, indent=1)
     print(text)
-
-
-def _all_runs(folder, smoke):
-    for root, _, files in os.walk(folder):
-        for name in files:
-            if name.endswith(".json"):
-                with open(os.path.join(root, name)) as f:
-                    run = json.load(f)
-                if run["smoke"] == smoke:
-                    yield run
 
 
 def main(argv=None):

@@ -21,11 +21,8 @@ sentences.
 import argparse
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import reporting  # noqa: E402
+import _shared
 
 DEFAULT_MODEL = "runs/ts/softmax_seed0.keras"
 
@@ -33,7 +30,7 @@ DEFAULT_MODEL = "runs/ts/softmax_seed0.keras"
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
         description=__doc__,
-        formatter_class=reporting.HelpFormatter,
+        formatter_class=_shared.HelpFormatter,
     )
     p.add_argument(
         "--model",
@@ -58,25 +55,25 @@ def parse_args(argv=None):
     p.add_argument("--beta", type=float, default=0.6, help="BN's beta")
     p.add_argument(
         "--head-factors",
-        type=reporting.int_list,
+        type=_shared.int_list,
         default=None,
         help="comma-separated pooling factors, one per head "
         "(default 2^(h // 2))",
     )
     p.add_argument(
         "--epochs",
-        type=reporting.positive_int,
+        type=_shared.positive_int,
         default=5,
         help="fine-tuning epochs",
     )
     p.add_argument(
         "--learning-rate",
-        type=reporting.positive_float,
+        type=_shared.positive_float,
         default=3e-4,
         help="fine-tuning rate",
     )
     p.add_argument(
-        "--batch-size", type=reporting.positive_int, default=32, help="batch"
+        "--batch-size", type=_shared.positive_int, default=32, help="batch"
     )
     p.add_argument(
         "--output", default="runs/convert", help="folder for the results"
@@ -96,7 +93,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)  # before Keras: --help needs no backend
-    keras = reporting.import_keras()
+    keras = _shared.import_keras()
     import numpy as np
 
     import keras_svr_attention as ksa
@@ -106,7 +103,7 @@ def main(argv=None):
     try:
         train, test, _ = ksa.datasets.load_uea(args.dataset)
     except ValueError as e:
-        reporting.fail(str(e))
+        _shared.fail(str(e))
     if args.smoke:  # 64 random series of each split
         pick = np.random.default_rng(0).permutation
         train = tuple(a[pick(len(train[2]))[:64]] for a in train)
@@ -143,7 +140,7 @@ def main(argv=None):
             train[2],
             batch_size=args.batch_size,
             epochs=args.epochs,
-            **reporting.progress(args.epochs)[0],
+            **_shared.progress(args.epochs)[0],
         )
         row["fine_tuned"] = accuracy(model)
         rows.append(row)
@@ -166,7 +163,7 @@ def convert(original, args):
             )
             models[name] = ksa.replace_attention(original, name, **options)
         except ValueError as e:
-            reporting.fail(f"--attention {name}: {str(e).splitlines()[0]}")
+            _shared.fail(f"--attention {name}: {str(e).splitlines()[0]}")
     return models
 
 
@@ -191,14 +188,14 @@ def convert_preset(args):
     try:
         import keras_hub
     except ImportError:
-        reporting.fail(
+        _shared.fail(
             "--preset needs keras-hub: pip install --no-deps keras-hub"
         )
     try:
         original = keras_hub.models.TextClassifier.from_preset(args.preset)
     except Exception as e:  # no network, unknown name, missing extra
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
-        reporting.fail(
+        _shared.fail(
             f"cannot load KerasHub preset {args.preset!r} (it is "
             f"downloaded; offline?): {message}"
         )

@@ -22,41 +22,33 @@ UEA/UCR name; aeon downloads those it does not ship.
     KERAS_BACKEND=jax python examples/timeseries_classification.py --smoke
 """
 
-import argparse
-import math
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _shared
 
-import reporting  # noqa: E402
-
-parser = argparse.ArgumentParser(
-    description=__doc__, formatter_class=reporting.HelpFormatter
+parser = _shared.parser(
+    __doc__, epochs=100, batch_size=32, learning_rate=3e-3, output="runs/ts"
 )
 parser.add_argument(
     "--dataset",
     default="JapaneseVowels",
     help="UEA/UCR set; those inside aeon load offline, others download",
 )
-reporting.add_training_arguments(
-    parser, epochs=100, batch_size=32, learning_rate=3e-3, output="runs/ts"
-)
 parser.add_argument(
     "--beta", type=float, default=0.6, help="BN's recentering weight"
 )
 parser.add_argument(
-    "--width", type=reporting.positive_int, default=64, help="model width"
+    "--width", type=_shared.positive_int, default=64, help="model width"
 )
 parser.add_argument(
-    "--depth", type=reporting.positive_int, default=2, help="encoder blocks"
+    "--depth", type=_shared.positive_int, default=2, help="encoder blocks"
 )
 parser.add_argument(
-    "--num-heads", type=reporting.positive_int, default=8, help="heads"
+    "--num-heads", type=_shared.positive_int, default=8, help="heads"
 )
 parser.add_argument(
-    "--dropout", type=reporting.rate, default=0.2, help="dropout rate"
+    "--dropout", type=_shared.rate, default=0.2, help="dropout rate"
 )
 parser.add_argument(
     "--noise",
@@ -66,7 +58,7 @@ parser.add_argument(
 )
 args = parser.parse_args()
 if args.width % args.num_heads:
-    reporting.fail(
+    _shared.fail(
         f"--width {args.width} must be a multiple of --num-heads "
         f"{args.num_heads}"
     )
@@ -74,13 +66,12 @@ if args.smoke:
     args.epochs, args.seeds = 1, 1
 
 # Keras after the options: `--help` and option errors need no backend.
-keras = reporting.import_keras()
+keras = _shared.import_keras()
 import numpy as np  # noqa: E402
 
 import keras_svr_attention as ksa  # noqa: E402
-from keras_svr_attention.diagnostics import plots  # noqa: E402
 
-attentions = reporting.check_attentions(
+attentions = _shared.check_attentions(
     args.attention,
     args.num_heads,
     args.width // args.num_heads,
@@ -99,21 +90,12 @@ every attention and the final pooling respect.
 try:
     train, test, classes = ksa.datasets.load_uea(args.dataset)
 except ValueError as e:
-    reporting.fail(str(e))
+    _shared.fail(str(e))
 x_train, mask_train, y_train = train
 x_test, mask_test, y_test = test
 if args.smoke:  # 64 random series of each split
-    pick = np.random.default_rng(0).permutation
-    rows, test_rows = pick(len(y_train))[:64], pick(len(y_test))[:64]
-    x_train, mask_train, y_train = (
-        x_train[rows],
-        mask_train[rows],
-        y_train[rows],
-    )
-    x_test, mask_test, y_test = (
-        x_test[test_rows],
-        mask_test[test_rows],
-        y_test[test_rows],
+    (x_train, mask_train, y_train), (x_test, mask_test, y_test) = (
+        _shared.smoke_subset(64, train, test)
     )
 max_length, channels = x_train.shape[1:]
 print(
@@ -149,28 +131,27 @@ def build_model(attention):
 """
 ## Training: every attention, every seed
 
-AdamW with cosine decay. The test set is passed as `validation_data`, so
-Keras's `val_accuracy` is the test accuracy after each epoch: it is only
-recorded (for the curves and the paper's protocol), never used to choose.
+AdamW (weight decay 0.05) with cosine decay. The test set is passed as
+`validation_data`, so Keras's `val_accuracy` is the test accuracy after
+each epoch: it is only recorded (for the curves and the paper's protocol),
+never used to choose. After training, the attention maps of 64 test series
+give the head diversity and, for seed 0, a plot.
 """
 
 os.makedirs(args.output, exist_ok=True)
-results = reporting.Results(args.dataset, args)
-runs = [(a, s) for a in attentions for s in range(args.seeds)]
-for index, (attention, seed) in enumerate(runs, 1):
-    print(f"[{index}/{len(runs)}] {attention} seed {seed}", flush=True)
+runs = []
+jobs = [(a, s) for a in attentions for s in range(args.seeds)]
+for index, (attention, seed) in enumerate(jobs, 1):
+    print(f"[{index}/{len(jobs)}] {attention} seed {seed}", flush=True)
     keras.utils.set_random_seed(seed)
     model = build_model(attention)
-    steps = args.epochs * math.ceil(len(y_train) / args.batch_size)
+    steps = args.epochs * -(-len(y_train) // args.batch_size)
     model.compile(
-        optimizer=keras.optimizers.AdamW(
-            keras.optimizers.schedules.CosineDecay(args.learning_rate, steps),
-            weight_decay=0.05,
-        ),
+        optimizer=_shared.adamw(args.learning_rate, steps),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
-    fit_options, timer = reporting.progress(args.epochs)
+    fit_options, timer = _shared.progress(args.epochs)
     start = time.perf_counter()
     history = model.fit(
         [x_train, mask_train],
@@ -181,31 +162,27 @@ for index, (attention, seed) in enumerate(runs, 1):
         **fit_options,
     )
     train_seconds = time.perf_counter() - start
-
-    # Diagnostics on 64 test series: attention maps and head diversity.
-    sample = [x_test[:64], mask_test[:64]]
-    maps = ksa.attention_maps(model, sample)
-    results.add(
+    name = attention.replace("+", "_")
+    model.save(os.path.join(args.output, f"{name}_seed{seed}.keras"))
+    diversity = _shared.attention_diagnostics(
+        model,
+        [x_test[:64], mask_test[:64]],
         attention,
         seed,
-        history.history,
-        params=model.count_params(),
-        train_seconds=train_seconds,
-        epoch_seconds=float(np.median(timer.seconds)),
-        head_diversity=ksa.head_redundancy(maps, mask_test[:64]),
+        args.output,
+        sample_name=f"test series 0 (class {classes[y_test[0]]})",
+        padding_mask=mask_test[:64],
     )
-    name = reporting.slug(attention)
-    model.save(os.path.join(args.output, f"{name}_seed{seed}.keras"))
-    if seed == 0:
-        plots.plot_attention_maps(
-            maps,
-            padding_mask=mask_test[:64],
-            sample_name=f"test series 0 (class {classes[y_test[0]]})",
-            head_factors=model.get_layer(
-                "block_0"
-            ).attention_layer.head_factors,
-            title=f"{attention} attention, seed 0",
-            path=os.path.join(args.output, f"maps_{name}.png"),
+    runs.append(
+        _shared.record(
+            attention,
+            seed,
+            history.history,
+            params=model.count_params(),
+            train_seconds=train_seconds,
+            epoch_seconds=float(np.median(timer.seconds)),
+            head_diversity=diversity,
         )
+    )
 
-results.write(args.output)
+_shared.write_results(args.output, args.dataset, args, runs)

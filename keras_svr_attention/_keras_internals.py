@@ -3,7 +3,7 @@
 Keras offers no public way to list a model's layers recursively, to find
 the attribute that holds a sublayer, or to swap a built layer's sublayer.
 `convert.py` reaches them only through this module, and
-`tests/test_keras_internals.py` pins each piece to the Keras versions we
+`tests/convert/test_keras_internals.py` pins each piece to the Keras versions we
 support (the floor in pyproject.toml and the newest tested).
 """
 

@@ -1,8 +1,16 @@
-"""Test helpers: tolerances, backend-specific gradients, layer weights."""
+"""Test helpers: the shared sizes, modes and inputs of the layer tests, the
+NumPy reference with a layer's weights, tolerances, backend-specific
+gradients and layer weights.
+
+Sizes are pairwise distinct (B=2, T=7, S=9, N=4, D=3, features 6/5/8) so
+that a swapped axis fails loudly; T and S are not divisible by the factors.
+"""
 
 import keras
 import numpy as np
 import pytest
+
+from tests import numpy_reference as ref
 
 BACKEND = keras.config.backend()
 
@@ -77,4 +85,90 @@ def random_weights(layer, seed=0):
             rng.normal(size=w.shape).astype(w.dtype) * 0.5
             for w in layer.get_weights()
         ]
+    )
+
+
+B, T, S, N, D = 2, 7, 9, 4, 3
+MODES = {
+    "softmax": {},
+    "bn": {"beta": 0.8},
+    "bn-std": {"beta": 0.6, "standardize": True},
+    "sh": {"head_factors": [1, 2, 3, 2]},
+    "bn+sh": {"beta": 1.0, "head_factors": [2, 1, 1, 4]},
+    "bn-std+sh": {
+        "beta": 1.2,
+        "standardize": True,
+        "head_factors": [1, 1, 2, 4],
+    },
+}
+
+
+def make_inputs(num_queries=T, num_keys=S, seed=0, self_attention=False):
+    rng = np.random.default_rng(seed)
+    query = rng.normal(size=(B, num_queries, 6)).astype("float32")
+    if self_attention:
+        return query, query, None
+    value = rng.normal(size=(B, num_keys, 5)).astype("float32")
+    key = rng.normal(size=(B, num_keys, 8)).astype("float32")
+    return query, value, key
+
+
+def make_masks(kind, num_queries, num_keys, seed=0):
+    """(attention_mask for the layer, value_mask, causal flag)."""
+    rng = np.random.default_rng(seed + 1)
+    lengths = np.array([num_keys, num_keys - 4])
+    padding = np.arange(num_keys)[None] < lengths[:, None]
+    if kind == "none":
+        return None, None, False
+    if kind == "padding":
+        return None, padding, False
+    if kind == "causal":
+        return None, None, True
+    if kind == "padding+causal":
+        return None, padding, True
+    if kind == "random":
+        mask = rng.random((B, num_queries, num_keys)) < 0.6
+        mask[0, 2] = False  # a row that sees no key
+        return mask, None, False
+    raise ValueError(kind)
+
+
+def reference(
+    layer,
+    mode,
+    query,
+    value,
+    key,
+    attention_mask,
+    value_mask,
+    causal,
+    kernel="softmax",
+    query_mask=None,
+    num_prefix_tokens=0,
+):
+    """The NumPy reference with `layer`'s weights and the options of
+    `MODES[mode]` (never read off the layer under test)."""
+    options = MODES[mode]
+    mask = None
+    if attention_mask is not None:
+        mask = attention_mask
+    if value_mask is not None:
+        mask = (
+            np.ones((B, query.shape[1], value.shape[1]), bool)
+            & value_mask[:, None, :]
+        )
+    if query_mask is not None:
+        mask = (True if mask is None else mask) & query_mask[:, :, None]
+    return ref.svr_attention(
+        query.astype("float64"),
+        value.astype("float64"),
+        attention_weights(layer),
+        key=None if key is None else key.astype("float64"),
+        mask=mask,
+        causal_mask=causal,
+        beta=options.get("beta", 0.0),
+        standardize=options.get("standardize", False),
+        head_factors=options.get("head_factors"),
+        num_prefix_tokens=num_prefix_tokens,
+        kernel=kernel,
     )

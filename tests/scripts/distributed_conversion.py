@@ -1,6 +1,6 @@
 """Converted models on two virtual CPU devices give one device's outputs.
 
-Run by tests/test_distributed.py in a fresh JAX process with
+Run by tests/convert/test_distributed.py in a fresh JAX process with
 XLA_FLAGS=--xla_force_host_platform_device_count=2. Prints one line per
 check: "<name> <max abs difference>".
 """

@@ -4,7 +4,7 @@ Run once per backend, from the repository root:
 
     KERAS_BACKEND=jax python tests/scripts/save_converted_models.py
 
-For each tiny model of `tests/test_kerashub.py::CONVERTED` (BERT, ViT,
+For each tiny model of `tests/convert/test_kerashub.py::CONVERTED` (BERT, ViT,
 GPT-2 converted to Attention-BN+SH) it writes `<name>-<backend>.keras` and
 `<name>-<backend>.npz` (the inputs and the outputs this backend computed)
 into `tests/data/converted/`.
@@ -19,7 +19,7 @@ import numpy as np
 sys.path.insert(0, os.getcwd())
 
 import keras_svr_attention as ksa  # noqa: E402
-from tests import test_kerashub as hub  # noqa: E402
+from tests.convert import test_kerashub as hub  # noqa: E402
 from tests.testing import random_weights  # noqa: E402
 
 

@@ -8,12 +8,12 @@ import pytest
 
 import keras_svr_attention as ksa
 from tests import numpy_reference as ref
-from tests.test_svr_attention import MODES
-from tests.test_svr_attention import D
-from tests.test_svr_attention import N
-from tests.test_svr_attention import make_inputs
+from tests.testing import MODES
+from tests.testing import D
+from tests.testing import N
 from tests.testing import assert_allclose
 from tests.testing import attention_weights
+from tests.testing import make_inputs
 from tests.testing import random_weights
 
 

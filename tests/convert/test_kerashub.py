@@ -307,7 +307,9 @@ def test_converted_models_survive_keras_save_and_load(name, tmp_path):
     assert_allclose(_output(again, inputs, key), want, 1e-5, 1e-5)
 
 
-SAVED = os.path.join(os.path.dirname(__file__), "data", "converted")
+SAVED = os.path.join(
+    os.path.dirname(os.path.dirname(__file__)), "data", "converted"
+)
 
 
 @pytest.mark.parametrize("saved_on", ["tensorflow", "jax", "torch"])

@@ -8,15 +8,15 @@ from keras import ops
 
 import keras_svr_attention as ksa
 from keras_svr_attention.functional import masks
-from tests.test_svr_attention import MODES
-from tests.test_svr_attention import B
-from tests.test_svr_attention import D
-from tests.test_svr_attention import N
-from tests.test_svr_attention import T
-from tests.test_svr_attention import make_inputs
-from tests.test_svr_attention import reference
+from tests.testing import MODES
+from tests.testing import B
+from tests.testing import D
+from tests.testing import N
+from tests.testing import T
 from tests.testing import assert_allclose
+from tests.testing import make_inputs
 from tests.testing import random_weights
+from tests.testing import reference
 
 
 def numpy_pattern(sparsity, t, s, size):

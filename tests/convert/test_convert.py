@@ -12,7 +12,7 @@ import pytest
 from keras import ops
 
 import keras_svr_attention as ksa
-from tests.test_svr_attention import MODES
+from tests.testing import MODES
 from tests.testing import assert_allclose
 from tests.testing import random_weights
 

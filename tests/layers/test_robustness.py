@@ -18,12 +18,12 @@ from keras import ops
 
 import keras_svr_attention as ksa
 from tests import numpy_reference as ref
-from tests.test_svr_attention import MODES
-from tests.test_svr_attention import N
-from tests.test_svr_attention import make_inputs
-from tests.test_svr_attention import reference
+from tests.testing import MODES
+from tests.testing import N
 from tests.testing import assert_allclose
+from tests.testing import make_inputs
 from tests.testing import random_weights
+from tests.testing import reference
 from tests.testing import slow_on_jax
 from tests.testing import value_and_grad
 

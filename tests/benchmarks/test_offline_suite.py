@@ -6,7 +6,9 @@ import os
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 
 
 @pytest.fixture(scope="module")
@@ -28,10 +30,11 @@ def test_candidates_are_seeded_and_drawn_from_the_space(suite):
 
 def test_validation_split_is_stratified_inside_the_training_set(suite):
     y = np.repeat(np.arange(3), [8, 8, 4])
-    train = (np.arange(20)[:, None], np.ones((20, 1), bool), y)
+    train = suite.Split(np.arange(20)[:, None], np.ones((20, 1), bool), y)
     fit, val = suite.validation_split(train)
-    assert sorted([*fit[0][:, 0], *val[0][:, 0]]) == list(range(20))
-    assert len(val[2]) == 5 and set(val[2]) == {0, 1, 2}
+    assert sorted([*fit.x[:, 0], *val.x[:, 0]]) == list(range(20))
+    assert len(val.y) == 5 and set(val.y) == {0, 1, 2}
+    assert np.array_equal(train.y[fit.x[:, 0]], fit.y)
 
 
 def test_runs_resume_from_the_cache_and_test_the_chosen_candidate(
@@ -39,15 +42,15 @@ def test_runs_resume_from_the_cache_and_test_the_chosen_candidate(
 ):
     calls = []
 
-    def fake_train(attention, config, train, evaluate, classes, seed, *a):
-        calls.append((attention, config["width"], seed, len(evaluate[2])))
+    def fake_train(attention, config, *, evaluate, seed, **unused):
+        calls.append((attention, config["width"], seed, len(evaluate.y)))
         # Candidate 1 wins on validation accuracy; test runs score 90 + seed.
         index = [c["width"] for c in configs].index(config["width"])
         accuracy = (
             {0: 50.0, 1: 80.0, 2: 80.0, 3: 0.0}[index] if seed == 0 else 0
         )
         return {
-            "accuracy": accuracy if len(evaluate[2]) < 10 else 90.0 + seed,
+            "accuracy": accuracy if len(evaluate.y) < 10 else 90.0 + seed,
             "loss": {0: 1.0, 1: 0.5, 2: 0.7, 3: 0.1}[index],
             "best_epoch_accuracy": 95.0,
             "train_seconds": 1.0,
@@ -76,17 +79,21 @@ def test_runs_resume_from_the_cache_and_test_the_chosen_candidate(
     calls.clear()
     assert suite.run_suite(args) == 0 and calls == []  # all cached
     cache = suite.Cache(os.path.join(str(tmp_path), "runs"))
-    run = cache.get("UnitTest", "softmax", "test", "test1")
+    run = cache.get(suite.RunKey("UnitTest", "softmax", "test", 1))
     assert run["candidate"] == 1 and run["accuracy"] == 91.0
+    path = os.path.join("UnitTest", "softmax", "test", "test1.json")
+    assert os.path.isfile(os.path.join(cache.root, path))
     # A fourth candidate that wins: tuning runs stay, test runs redo.
     configs.append(dict(configs[0], width=64))
     scores = {16: 50.0, 32: 80.0, 48: 80.0, 64: 99.0}
     monkeypatch.setattr(
         suite,
         "train_once",
-        lambda a, c, t, e, k, seed, *r: {
-            **fake_train(a, c, t, e, k, seed),
-            "accuracy": scores[c["width"]] if len(e[2]) < 10 else 70.0,
+        lambda attention, config, **kw: {
+            **fake_train(attention, config, **kw),
+            "accuracy": (
+                scores[config["width"]] if len(kw["evaluate"].y) < 10 else 70.0
+            ),
         },
     )
     calls.clear()
@@ -116,3 +123,30 @@ def test_paired_test_counts_and_means_by_hand(suite):
     assert "| bn | 6 | +1.50 | 4 / 1 / 1 |" in text
     nonzero = diff[diff != 0]
     assert result["bn"]["p"] == pytest.approx(wilcoxon(nonzero).pvalue)
+
+
+PUBLISHED = os.path.join(ROOT, "benchmarks", "results", "offline_suite")
+
+
+def test_gitignore_keeps_the_published_runs():
+    if not os.path.isdir(os.path.join(ROOT, ".git")):
+        pytest.skip("not a git checkout")
+    import subprocess
+
+    paths = [
+        "benchmarks/results/offline_suite/runs/GunPoint/bn_sh/test/test0.json",
+        "benchmarks/results/offline_suite_jv5/runs/JapaneseVowels/sh/tune/"
+        "tune4.json",
+    ]
+    done = subprocess.run(
+        ["git", "check-ignore", "--no-index", *paths],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1 and not done.stdout, done.stdout  # none
+    # What the examples write by default stays out.
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", "runs/ts/results.json"], cwd=ROOT
+    )
+    assert ignored.returncode == 0

@@ -11,10 +11,14 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 SCRIPTS = [
     "timeseries_classification.py",
     "image_classification.py",
+    "image_augmentation.py",
+    "data_parallel.py",
     "convert_pretrained.py",
 ]
 
@@ -48,7 +52,7 @@ def test_help_needs_no_backend_and_shows_defaults(script, tmp_path):
             blocks[-1] += " " + line.strip()
     blocks = [b for b in blocks if not b.startswith("  -h")]
     assert len(blocks) >= 8
-    flags = ("--smoke", "--mixed-precision", "--data-parallel")
+    flags = ("--smoke", "--mixed-precision")
     for block in blocks:
         assert len(block.split()) > 2, f"no description: {block}"
         if not block.split()[0].startswith(flags):

@@ -9,7 +9,9 @@ import pytest
 
 from tests.testing import BACKEND
 
-SCRIPT = pathlib.Path(__file__).parent / "scripts" / "distributed_conversion.py"
+SCRIPT = (
+    pathlib.Path(__file__).parents[1] / "scripts" / "distributed_conversion.py"
+)
 
 
 @pytest.mark.slow  # a subprocess on two virtual devices: `nox -s slow`

@@ -1,6 +1,6 @@
 """SVRAttention on Keras's own machinery: quantization, LoRA, gates, sliding
 windows, rank-2 masks, flash attention, constraints and regularizers (mixed
-precision against float32: tests/test_layer_battery.py).
+precision against float32: tests/layers/test_layer_battery.py).
 
 Every mode goes through the projection sublayers' `call`, so whatever Keras
 does to an `EinsumDense` reaches every head group.
@@ -15,17 +15,17 @@ from keras import ops
 
 import keras_svr_attention as ksa
 from keras_svr_attention.layers import _validation
-from tests.test_svr_attention import MODES
-from tests.test_svr_attention import B
-from tests.test_svr_attention import D
-from tests.test_svr_attention import N
-from tests.test_svr_attention import S
-from tests.test_svr_attention import T
-from tests.test_svr_attention import make_inputs
-from tests.test_svr_attention import reference
 from tests.testing import BACKEND
+from tests.testing import MODES
+from tests.testing import B
+from tests.testing import D
+from tests.testing import N
+from tests.testing import S
+from tests.testing import T
 from tests.testing import assert_allclose
+from tests.testing import make_inputs
 from tests.testing import random_weights
+from tests.testing import reference
 
 KERNEL_MODES = [(m, "softmax") for m in MODES] + [
     (m, "linear") for m in ("softmax", "bn", "sh", "bn+sh")
