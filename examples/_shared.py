@@ -95,6 +95,14 @@ def parser(description, *, epochs, batch_size, learning_rate, output):
     return p
 
 
+def parse_args(parser):
+    """The parsed options; `--smoke` sets 1 epoch and 1 seed."""
+    args = parser.parse_args()
+    if args.smoke:
+        args.epochs, args.seeds = 1, 1
+    return args
+
+
 def import_keras():
     """Imports Keras, or exits with one line if its backend is missing."""
     try:

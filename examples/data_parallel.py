@@ -31,9 +31,7 @@ parser.add_argument(
     default=None,
     help="split the CPU into N devices (default: the machine's devices)",
 )
-args = parser.parse_args()
-if args.smoke:
-    args.epochs, args.seeds = 1, 1
+args = _shared.parse_args(parser)
 
 keras = _shared.import_keras()
 backend = keras.config.backend()

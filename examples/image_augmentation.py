@@ -34,9 +34,7 @@ parser.add_argument(
     choices=["keras", "keras-cv"],
     help="Keras's augmentation layers, or keras-cv's",
 )
-args = parser.parse_args()
-if args.smoke:
-    args.epochs, args.seeds = 1, 1
+args = _shared.parse_args(parser)
 
 keras = _shared.import_keras()
 import numpy as np  # noqa: E402

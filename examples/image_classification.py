@@ -52,9 +52,7 @@ parser.add_argument(
 parser.add_argument(
     "--mixed-precision", action="store_true", help="mixed_bfloat16 policy"
 )
-args = parser.parse_args()
-if args.smoke:
-    args.epochs, args.seeds = 1, 1
+args = _shared.parse_args(parser)
 
 # Keras after the options: `--help` and option errors need no backend.
 keras = _shared.import_keras()

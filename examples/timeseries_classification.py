@@ -56,14 +56,12 @@ parser.add_argument(
     default=0.2,
     help="std of the Gaussian noise added to the inputs in training",
 )
-args = parser.parse_args()
+args = _shared.parse_args(parser)
 if args.width % args.num_heads:
     _shared.fail(
         f"--width {args.width} must be a multiple of --num-heads "
         f"{args.num_heads}"
     )
-if args.smoke:
-    args.epochs, args.seeds = 1, 1
 
 # Keras after the options: `--help` and option errors need no backend.
 keras = _shared.import_keras()
