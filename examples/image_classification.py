@@ -62,6 +62,21 @@ import keras_svr_attention as ksa  # noqa: E402
 
 if args.mixed_precision:
     keras.config.set_dtype_policy("mixed_bfloat16")
+# Each attention name and option checked before any data or training.
+preset = ksa.VIT_PRESETS[args.preset]
+overrides = {
+    "patch_size": args.patch_size,
+    "beta": args.beta,
+    "head_factors": args.head_factors,
+}
+overrides = {k: v for k, v in overrides.items() if v is not None}
+attentions = _shared.check_attentions(
+    args.attention,
+    preset["num_heads"],
+    preset["width"] // preset["num_heads"],
+    beta=args.beta,
+    head_factors=args.head_factors,
+)
 
 """
 ## Data
@@ -93,21 +108,6 @@ override them. Each attention is built once first, so that a bad option (a
 patch size that does not divide the image, head factors of the wrong
 length) stops the script with one line before any training.
 """
-
-preset = ksa.VIT_PRESETS[args.preset]
-overrides = {
-    "patch_size": args.patch_size,
-    "beta": args.beta,
-    "head_factors": args.head_factors,
-}
-overrides = {k: v for k, v in overrides.items() if v is not None}
-attentions = _shared.check_attentions(
-    args.attention,
-    preset["num_heads"],
-    preset["width"] // preset["num_heads"],
-    beta=args.beta,
-    head_factors=args.head_factors,
-)
 
 
 def build_model(attention):
