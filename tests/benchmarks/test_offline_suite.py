@@ -2,6 +2,7 @@
 
 import importlib.util
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -150,3 +151,35 @@ def test_gitignore_keeps_the_published_runs():
         ["git", "check-ignore", "--no-index", "runs/ts/results.json"], cwd=ROOT
     )
     assert ignored.returncode == 0
+
+
+@pytest.mark.parametrize(
+    "folder, options",
+    [
+        ("offline_suite", []),
+        (
+            "offline_suite_jv5",
+            ["--datasets", "JapaneseVowels", "--candidates", "5"],
+        ),
+    ],
+)
+def test_report_rebuilds_the_published_report_from_the_committed_runs(
+    suite, folder, options, tmp_path
+):
+    for module in ("scipy", "aeon", "matplotlib"):
+        pytest.importorskip(module)
+    published = os.path.join(ROOT, "benchmarks", "results", folder)
+    shutil.copytree(os.path.join(published, "runs"), tmp_path / "runs")
+    suite.main(["--report", "--output", str(tmp_path), *options])
+    for name in ("report.md", "summary.json"):
+        with open(os.path.join(published, name)) as f:
+            want = f.read()
+        assert (tmp_path / name).read_text() == want, name
+    if folder == "offline_suite":  # the 320 runs, and the docs' tables
+        report = (tmp_path / "report.md").read_text()
+        assert "from 320 cached" in report
+        with open(os.path.join(ROOT, "docs", "results.md")) as f:
+            docs = f.read()
+        tables = [t for t in report.split("\n\n") if t.startswith("| ")]
+        for table in tables[:5]:  # the accuracies and the paired tests
+            assert table in docs, table
