@@ -278,7 +278,7 @@ def run_suite(args):
     data, done = {}, 0
     started = time.perf_counter()
     for step, key in enumerate(keys, 1):
-        if current(cache, key, configs, args.smoke):
+        if current_run(cache, key, configs, args.smoke) is not None:
             continue
         if key.dataset not in data:
             train, test, names = load_uea(key.dataset, args.max_length)
@@ -331,29 +331,34 @@ def tuning_runs(cache, key, configs):
     ]
 
 
-def choose(cache, key, configs):
-    """(index, config) of the candidate with the best validation accuracy
-    (then the lower loss) for `key`'s set and attention."""
-    runs = tuning_runs(cache, key, configs)
-    best = min(
-        range(len(configs)),
-        key=lambda i: (-runs[i]["accuracy"], runs[i]["loss"], i),
+def best_candidate(tuning):
+    """The index of the tuning run with the best validation accuracy (then
+    the lower loss, then the lower index)."""
+    return min(
+        range(len(tuning)),
+        key=lambda i: (-tuning[i]["accuracy"], tuning[i]["loss"], i),
     )
+
+
+def choose(cache, key, configs):
+    """(index, config) of the candidate tuning chose for `key`'s set and
+    attention."""
+    best = best_candidate(tuning_runs(cache, key, configs))
     return best, configs[best]
 
 
-def current(cache, key, configs, smoke):
-    """Whether the run cached under `key` still counts: same mode and, for
-    a test run, trained on the candidate that tuning chooses now (more
-    `--candidates` can change the choice; tuning runs are kept)."""
+def current_run(cache, key, configs, smoke):
+    """The run cached under `key` if it still counts, else None: same mode
+    and, for a test run, trained on the candidate that tuning chooses now
+    (more `--candidates` can change the choice; tuning runs are kept)."""
     run = cache.get(key)
     if run is None or run["smoke"] != smoke:
-        return False
-    if key.phase == "tune":
-        return True
-    if None in tuning_runs(cache, key, configs):
-        return False
-    return run["candidate"] == choose(cache, key, configs)[0]
+        return None
+    if key.phase == "test":
+        tuning = tuning_runs(cache, key, configs)
+        if None in tuning or run["candidate"] != best_candidate(tuning):
+            return None
+    return run
 
 
 def collect(cache, args, configs):
@@ -365,11 +370,8 @@ def collect(cache, args, configs):
                 RunKey(dataset, attention, "test", seed)
                 for seed in range(args.seeds)
             ]
-            runs = [
-                cache.get(key)
-                for key in keys
-                if current(cache, key, configs, args.smoke)
-            ]
+            runs = [current_run(cache, k, configs, args.smoke) for k in keys]
+            runs = [run for run in runs if run is not None]
             if runs:
                 table.setdefault(dataset, {})[attention] = runs
     return table

@@ -136,6 +136,11 @@ def check_attentions(value, num_heads, key_dim, **options):
     return names
 
 
+def slug(attention):
+    """The attention's name in file names: bn+sh -> bn_sh."""
+    return attention.replace("+", "_")
+
+
 def smoke_subset(count, *splits):
     """`count` random rows of each split (a tuple of equally long arrays)."""
     pick = np.random.default_rng(0).permutation
@@ -378,8 +383,6 @@ def attention_diagnostics(
                 "block_0"
             ).attention_layer.head_factors,
             title=f"{attention} attention, seed 0",
-            path=os.path.join(
-                output, f"maps_{attention.replace('+', '_')}.png"
-            ),
+            path=os.path.join(output, f"maps_{slug(attention)}.png"),
         )
     return ksa.head_redundancy(maps, padding_mask)

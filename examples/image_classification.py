@@ -163,9 +163,7 @@ for index, (attention, seed) in enumerate(jobs, 1):
     )
     train_seconds = time.perf_counter() - start
     model.save(
-        os.path.join(
-            args.output, f"{attention.replace('+', '_')}_seed{seed}.keras"
-        )
+        os.path.join(args.output, f"{_shared.slug(attention)}_seed{seed}.keras")
     )
     diversity = _shared.attention_diagnostics(
         model,

@@ -160,8 +160,9 @@ for index, (attention, seed) in enumerate(jobs, 1):
         **fit_options,
     )
     train_seconds = time.perf_counter() - start
-    name = attention.replace("+", "_")
-    model.save(os.path.join(args.output, f"{name}_seed{seed}.keras"))
+    model.save(
+        os.path.join(args.output, f"{_shared.slug(attention)}_seed{seed}.keras")
+    )
     diversity = _shared.attention_diagnostics(
         model,
         [x_test[:64], mask_test[:64]],
