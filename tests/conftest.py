@@ -1,10 +1,36 @@
+import os
+
 import keras
 import pytest
+
+if keras.backend.backend() == "torch" and not os.environ.get(
+    "KSA_TORCH_INDUCTOR"
+):
+    import torch
+
+    _torch_compile = torch.compile
+
+    def _compile_with_aot_eager(model=None, **kwargs):
+        """`torch.compile` as Keras calls it for `jit_compile=True`, on the
+        `aot_eager` backend: dynamo traces the step and AOTAutograd
+        functionalizes it (where a layer breaks under torch.compile), but
+        inductor does not generate and build C++ for each graph (about a
+        minute for the first one on a CI core). `nox -s slow` sets
+        KSA_TORCH_INDUCTOR=1 and runs the compiled tests on inductor."""
+        kwargs.setdefault("backend", "aot_eager")
+        return _torch_compile(model, **kwargs)
+
+    torch.compile = _compile_with_aot_eager
 
 
 @pytest.fixture(autouse=True)
 def _reset_policy():
-    """Every test starts and ends under the float32 policy."""
+    """Every test starts and ends under the float32 policy, seeded.
+
+    The seed makes a layer's initial weights, and so every tolerance that
+    depends on them, the same on each run: a failure reproduces.
+    """
     keras.config.set_dtype_policy("float32")
+    keras.utils.set_random_seed(0)
     yield
     keras.config.set_dtype_policy("float32")

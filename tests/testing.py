@@ -19,6 +19,13 @@ BACKEND = keras.config.backend()
 # other backends in the default matrix too).
 slow_on_jax = pytest.mark.slow if BACKEND == "jax" else pytest.mark.fast
 
+# Tests of what no backend computes (the scripts' option checks in a
+# subprocess, the offline suite's report from its committed runs): the torch
+# session runs them, the other two skip them.
+backend_independent = pytest.mark.skipif(
+    BACKEND != "torch", reason="backend-independent: run by the torch session"
+)
+
 
 def assert_allclose(actual, desired, atol=1e-5, rtol=1e-5, err_msg=""):
     np.testing.assert_allclose(

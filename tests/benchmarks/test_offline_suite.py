@@ -7,6 +7,10 @@ import shutil
 import numpy as np
 import pytest
 
+from tests.testing import backend_independent
+
+pytestmark = backend_independent  # NumPy and files only
+
 ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )

@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from tests.testing import backend_independent
+
 ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )
@@ -34,6 +36,7 @@ def _run(script, *args, env=None, timeout=300):
     )
 
 
+@backend_independent
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_help_needs_no_backend_and_shows_defaults(script, tmp_path):
     # A `keras` that fails on import: --help must not import it.
@@ -59,6 +62,7 @@ def test_help_needs_no_backend_and_shows_defaults(script, tmp_path):
             assert "(default:" in block, block
 
 
+@backend_independent
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -81,6 +85,7 @@ def test_bad_options_fail_in_one_line_before_training(args, message, tmp_path):
     assert "[1/" not in done.stdout  # no run started
 
 
+@backend_independent
 def test_a_set_that_needs_a_download_fails_in_one_line(tmp_path):
     pytest.importorskip("aeon")
     done = _run(
