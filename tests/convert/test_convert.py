@@ -15,6 +15,7 @@ import keras_svr_attention as ksa
 from tests.testing import MODES
 from tests.testing import assert_allclose
 from tests.testing import random_weights
+from tests.testing import slow_on_jax
 
 FEATURES, LENGTH = 8, 6
 
@@ -259,6 +260,7 @@ def _full_forward(layers, x):
     return x
 
 
+@slow_on_jax  # one length per step, each compiled anew by eager JAX
 @pytest.mark.parametrize("mode", CACHE_MODES)
 def test_token_by_token_decoding_equals_the_full_causal_forward(mode):
     # Two stacked layers: the second one's cached keys come from the first

@@ -13,6 +13,7 @@ import keras_svr_attention as ksa
 from tests.testing import BACKEND
 from tests.testing import assert_allclose
 from tests.testing import random_weights
+from tests.testing import slow_on_jax
 
 T, F = 9, 8
 LAYERS = {
@@ -95,6 +96,9 @@ def test_layer_fit_and_save_load(name, tmp_path):
 def test_layer_jit_compile(name):
     if BACKEND == "torch":
         pytest.skip("jit_compile means torch.compile on torch; eager below")
+    if BACKEND == "jax":  # (tests/models/test_model_battery.py compares
+        # JAX's jit-compiled predict with eager calls)
+        pytest.skip("an uncompiled model's predict is jit-compiled on JAX")
     model = _model(LAYERS[name](), causal=name != "conv2d")
     x, _ = _data()
     eager = model.predict(x, verbose=0)
@@ -151,6 +155,7 @@ def test_layer_mixed_precision(name, policy):
         assert keras.backend.standardize_dtype(w.dtype) == "float32"
 
 
+@slow_on_jax
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_layer_long_sequence_is_finite(name):
     keras.config.set_dtype_policy("mixed_bfloat16")
