@@ -93,10 +93,12 @@ def lint(session):
 @nox.parametrize("backend", BACKENDS)
 def tests(session, backend):
     _install(session, backend, "test,hub", hub=True)
-    # Two workers, one per core of the CI machine.
+    # Two workers, one per core of the CI machine; the tests that compile a
+    # train step share one (tests/testing.py: compiles_the_train_step).
     session.run(
-        "pytest", "-q", "-n", "2", *session.posargs, env=_env(backend, session)
-    )
+        "pytest", "-q", "-n", "2", "--dist", "loadgroup", *session.posargs,
+        env=_env(backend, session),
+    )  # fmt: skip
     if backend == "torch" and not session.posargs:
         # The GPU check's CPU dry run, in this environment (the test extra
         # holds the examples'), so that CI runs it without a venv of its own.

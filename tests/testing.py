@@ -19,6 +19,11 @@ BACKEND = keras.config.backend()
 # other backends in the default matrix too).
 slow_on_jax = pytest.mark.slow if BACKEND == "jax" else pytest.mark.fast
 
+# Tests that fit with `jit_compile=True` share one pytest worker (`--dist
+# loadgroup`): torch.compile's first trace of Keras's train step costs half
+# a minute in each process that pays it.
+compiles_the_train_step = pytest.mark.xdist_group("compiles_the_train_step")
+
 # Tests of what no backend computes (the scripts' option checks in a
 # subprocess, the offline suite's report from its committed runs): the torch
 # session runs them, the other two skip them.
