@@ -93,10 +93,11 @@ def lint(session):
 @nox.parametrize("backend", BACKENDS)
 def tests(session, backend):
     _install(session, backend, "test,hub", hub=True)
-    # Two workers, one per core of the CI machine; the tests that compile a
-    # train step share one (tests/testing.py: compiles_the_train_step).
+    # Two workers, one per core of the CI machine; on torch, the tests that
+    # compile a train step share one (tests/testing.py).
+    group = ["--dist", "loadgroup"] if backend == "torch" else []
     session.run(
-        "pytest", "-q", "-n", "2", "--dist", "loadgroup", *session.posargs,
+        "pytest", "-q", "-n", "2", *group, *session.posargs,
         env=_env(backend, session),
     )  # fmt: skip
     if backend == "torch" and not session.posargs:
