@@ -302,12 +302,12 @@ def slow(session, backend):
     # SVR_FUZZ_EXAMPLES: the property-based test draws many more examples.
     env = {**_env(backend, session), "SVR_FUZZ_EXAMPLES": "300"}
     session.run("pytest", "-q", "-m", "slow", *session.posargs, env=env)
-    if backend == "torch":  # jit_compile on inductor (the default run:
-        # aot_eager, tests/conftest.py)
+    if backend == "torch":
+        # The tests that compile a train step (their xdist_group mark,
+        # tests/testing.py), on inductor; the default run uses aot_eager
+        # (tests/conftest.py).
         session.run(
-            "pytest", "-q", "-k", "fits or trains",
-            "tests/models/test_model_battery.py",
-            "tests/layers/test_grouped_query_attention.py",
+            "pytest", "-q", "-m", "xdist_group",
             env={**env, "KSA_TORCH_INDUCTOR": "1"},
         )  # fmt: skip
     if backend != "jax":  # JAX runs it above, as a slow test
