@@ -1,6 +1,7 @@
 """Test matrix: `nox` runs lint, the tests on tensorflow, jax and torch
-(torch's session also runs the GPU check's CPU dry run) and the package
-check.
+(torch's session also runs the GPU check's CPU dry run), the package check
+and the docs, concurrently (`nox -j 1`: one after another, with live
+output).
 
 Each backend gets its own virtualenv holding only that backend (CPU builds),
 with KERAS_BACKEND set. `nox -s slow` runs the slow tests, `nox -s examples`
@@ -16,7 +17,12 @@ import zipfile
 
 import nox
 
+nox.needs_version = ">=2026.10.20"  # `parallel` and `allow_parallel`
 nox.options.sessions = ["lint", "tests", "package", "docs"]
+# The default sessions run at once, each in its own process with its output
+# printed when it ends: one backend's installs, imports and last tests
+# overlap another's work, and the CPUs stay busy to the end.
+nox.options.parallel = 6
 nox.options.reuse_existing_virtualenvs = True
 # uv installs in seconds what pip takes minutes to (`pip install nox uv`);
 # without uv, nox falls back to virtualenv and pip.
@@ -82,14 +88,14 @@ def _env(backend, session=None):
     return env
 
 
-@nox.session
+@nox.session(allow_parallel=True)
 def lint(session):
     session.install("ruff")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 
 
-@nox.session
+@nox.session(allow_parallel=True)
 @nox.parametrize("backend", BACKENDS)
 def tests(session, backend):
     _install(session, backend, "test,hub", hub=True)
@@ -121,7 +127,7 @@ print("wheel OK:", ksa.__version__, ksa.AttentionBNSH(2, 4)(x, x).shape)
 """
 
 
-@nox.session
+@nox.session(allow_parallel=True)
 def package(session):
     """sdist and wheel: twine check, library-only wheel, fresh install."""
     session.install("build[uv]", "twine")
@@ -162,7 +168,7 @@ def package(session):
 KATEX = "katex@0.19.1"
 
 
-@nox.session
+@nox.session(allow_parallel=True)
 def docs(session):
     """The site, built strictly (a warning, a broken link, a public name
     without a docstring or an API page fails), then opened in headless

@@ -23,6 +23,20 @@ if keras.backend.backend() == "torch" and not os.environ.get(
 
     torch.compile = _compile_with_aot_eager
 
+if keras.backend.backend() == "jax":
+    # Eager JAX lowers and compiles every op for every new shape, and JAX
+    # makes a fresh MLIR context (loading every dialect) for each lowering:
+    # half the lowering time, and most of the workers' memory. The tests
+    # lower one module at a time on one thread, so one context serves them
+    # all (measured on three test files in one process: 152 s -> 104 s,
+    # peak memory 3.9 GB -> 1.4 GB). A private JAX function: if it moves,
+    # the tests run as before.
+    from jax._src.interpreters import mlir as _mlir
+
+    if callable(getattr(_mlir, "make_ir_context", None)):
+        _context = _mlir.make_ir_context()
+        _mlir.make_ir_context = lambda: _context
+
 
 @pytest.fixture(autouse=True)
 def _reset_policy():
