@@ -129,8 +129,8 @@ def test_model_on_unknown_length_predicts_fits_saves_and_exports(
             "SavedModel at T=11",
         )
 
-    # SGD: the optimizer is not under test, and Adam's update triples the
-    # train step's trace.
+    # SGD: the optimizer is not under test, and Adam's update is a quarter
+    # of a small model's first fit (the trace of its train step).
     model.compile("sgd", "mse", jit_compile=True)
     targets = np.ones((2, 9, 2 * len(MASKS)), "float32")
     history = model.fit(x, targets, epochs=1, verbose=0)
