@@ -1,7 +1,6 @@
-"""Test matrix: `nox` runs lint, the tests on tensorflow, jax and torch
-(torch's session also runs the GPU check's CPU dry run), the package check
-and the docs, concurrently (`nox -j 1`: one after another, with live
-output).
+"""Test matrix: `nox` runs lint, the tests on tensorflow, jax and torch,
+the package check, the docs and the GPU check's CPU dry run, concurrently
+(`nox -j 1`: one after another, with live output).
 
 Each backend gets its own virtualenv holding only that backend (CPU builds),
 with KERAS_BACKEND set. `nox -s slow` runs the slow tests, `nox -s examples`
@@ -18,11 +17,11 @@ import zipfile
 import nox
 
 nox.needs_version = ">=2026.10.20"  # `parallel` and `allow_parallel`
-nox.options.sessions = ["lint", "tests", "package", "docs"]
+nox.options.sessions = ["lint", "tests", "package", "docs", "gpu"]
 # The default sessions run at once, each in its own process with its output
 # printed when it ends: one backend's installs, imports and last tests
 # overlap another's work, and the CPUs stay busy to the end.
-nox.options.parallel = 6
+nox.options.parallel = 7
 nox.options.reuse_existing_virtualenvs = True
 # uv installs in seconds what pip takes minutes to (`pip install nox uv`);
 # without uv, nox falls back to virtualenv and pip.
@@ -108,10 +107,6 @@ def tests(session, backend):
         "pytest", "-q", "-n", "2", "--dist", dist, *session.posargs,
         env=_env(backend, session),
     )  # fmt: skip
-    if backend == "torch" and not session.posargs:
-        # The GPU check's CPU dry run, in this environment (the test extra
-        # holds the examples'), so that CI runs it without a venv of its own.
-        _gpu_dry_run(session)
 
 
 # Run in a fresh venv holding only the wheel and torch, outside the repo.
@@ -200,10 +195,10 @@ def docs(session):
     session.log(f"site: site/index.html; screenshots: {shots}")
 
 
-@nox.session
+@nox.session(allow_parallel=True)
 def gpu(session):
-    """The GPU check's CPU dry run (the real one: benchmarks/gpu.sh); the
-    default `tests(backend='torch')` runs it too."""
+    """The GPU check's CPU dry run (the real one: benchmarks/gpu.sh), in
+    `nox`'s default sessions beside the tests (off torch's, the longest)."""
     _install(session, "torch", "examples")
     _gpu_dry_run(session)
 
