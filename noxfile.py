@@ -20,7 +20,8 @@ nox.needs_version = ">=2026.10.20"  # `parallel` and `allow_parallel`
 nox.options.sessions = ["lint", "tests", "package", "docs", "gpu"]
 # The default sessions run at once, each in its own process with its output
 # printed when it ends: one backend's installs, imports and last tests
-# overlap another's work, and the CPUs stay busy to the end.
+# overlap another's work, and the CPUs stay busy to the end. One slot per
+# default session (`tests` is three).
 nox.options.parallel = 7
 nox.options.reuse_existing_virtualenvs = True
 # uv installs in seconds what pip takes minutes to (`pip install nox uv`);

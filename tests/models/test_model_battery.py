@@ -84,15 +84,17 @@ def _eager(branches, x):
 
 
 def _assert_branches_close(got, want, x, tolerance, what):
-    """Branch by branch (2 features each). Padded query rows are free (MHA
-    too leaves them arbitrary): the padding branch is compared on valid rows
-    only."""
-    got, want = (keras.ops.convert_to_numpy(t) for t in (got, want))
-    for i, mask in enumerate(MASKS):
-        g, w = (np.array(t[..., 2 * i : 2 * i + 2]) for t in (got, want))
+    """Branch by branch (the concatenated outputs split in equal parts).
+    Padded query rows are free (MHA too leaves them arbitrary): the padding
+    branch is compared on valid rows only."""
+    padded = ~np.any(x != 0.0, axis=-1)
+    got, want = (
+        np.split(np.array(keras.ops.convert_to_numpy(t)), len(MASKS), axis=-1)
+        for t in (got, want)
+    )
+    for mask, g, w in zip(MASKS, got, want, strict=True):
         if mask == "padding":
-            g[~np.any(x != 0.0, axis=-1)] = 0.0
-            w[~np.any(x != 0.0, axis=-1)] = 0.0
+            g[padded] = w[padded] = 0.0
         assert_allclose(
             g, w, tolerance, tolerance, err_msg=f"{what}, mask={mask}"
         )
