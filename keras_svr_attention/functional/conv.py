@@ -23,9 +23,7 @@ def _shifted_sum(x, kernel, axis, size, left, taps=None):
     Only the first `taps` taps are used when given.
     """
     length = masks_lib.shape_of(x)[axis]
-    widths = [[0, 0]] * len(x.shape)
-    widths[axis] = [left, size - 1 - left]
-    padded = ops.pad(x, widths)
+    padded = masks_lib.zero_pad(x, axis, left, size - 1 - left)
     out = 0.0
     for u in range(size if taps is None else taps):
         piece = _take_range(padded, u, length, axis)
@@ -91,7 +89,5 @@ def _shift_rows(x, offset):
     if offset == 0:
         return x
     height = x.shape[1]
-    widths = [[0, 0]] * len(x.shape)
-    widths[1] = [max(-offset, 0), max(offset, 0)]
-    padded = ops.pad(x, widths)
+    padded = masks_lib.zero_pad(x, 1, max(-offset, 0), max(offset, 0))
     return _take_range(padded, max(offset, 0), height, 1)

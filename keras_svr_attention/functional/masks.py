@@ -20,6 +20,28 @@ def shape_of(x):
     return tuple(out)
 
 
+def zero_pad(x, axis, before=0, after=0):
+    """`x` with `before` and `after` zeros around `axis` (Python ints).
+
+    What `ops.pad` computes for one axis, by concatenation: `ops.pad` builds
+    a Keras `Operation` on every call, which `torch.compile` cannot trace
+    (a graph break inside the attention's per-group loop, and the loop's
+    whole frame then runs eagerly).
+
+    >>> tuple(zero_pad(ops.ones((2, 3, 4)), 1, 1, 2).shape)
+    (2, 6, 4)
+    """
+    shape = shape_of(x)
+    parts = [x]
+    if before:
+        zeros = (*shape[:axis], before, *shape[axis + 1 :])
+        parts.insert(0, ops.zeros(zeros, x.dtype))
+    if after:
+        zeros = (*shape[:axis], after, *shape[axis + 1 :])
+        parts.append(ops.zeros(zeros, x.dtype))
+    return ops.concatenate(parts, axis=axis) if len(parts) > 1 else x
+
+
 def merge_masks(*masks):
     """Logical AND of the masks that are not `None`; `None` if all are."""
     merged = None

@@ -39,9 +39,8 @@ def split_windows(x, factor, num_prefix_tokens=0):
     if factor > 1:
         # Pad by r - 1 and keep W r entries: the same for any S, known or
         # not (no Python branch on a symbolic length).
-        widths = [[0, 0]] * len(x.shape)
-        widths[1] = [0, factor - 1]
-        rest = ops.pad(rest, widths)[:, : windows * factor]
+        rest = masks_lib.zero_pad(rest, 1, after=factor - 1)
+        rest = rest[:, : windows * factor]
     shape = masks_lib.shape_of(rest)
     return prefix, ops.reshape(rest, (shape[0], windows, factor, *shape[2:]))
 
