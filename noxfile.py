@@ -73,18 +73,28 @@ def _env(backend, session=None):
         # are small, so compile fast rather than well (no LLVM optimisation,
         # the older CPU emitters: a third less test time on both).
         env["XLA_FLAGS"] = XLA_FAST_COMPILE
-    if backend == "jax" and session is not None:
-        # Share compiled ops between the two pytest workers through a cache
-        # that starts empty in every run.
-        cache = os.path.join(session.create_tmp(), "jax-cache")
-        shutil.rmtree(cache, ignore_errors=True)
-        env.update(
-            {
-                "JAX_COMPILATION_CACHE_DIR": cache,
-                "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-                "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-            }
-        )
+    return env
+
+
+# The default sessions run at once on a few cores: each process computes on
+# one thread. The tests' tensors are tiny, and a backend's thread pool per
+# process (OpenMP, Eigen, XLA's) only oversubscribes the cores.
+ONE_THREAD = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "TF_NUM_INTRAOP_THREADS": "1",
+    "TF_NUM_INTEROP_THREADS": "1",
+}
+XLA_ONE_THREAD = (
+    "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+)
+
+
+def _one_thread(env):
+    env = {**env, **ONE_THREAD}
+    env["XLA_FLAGS"] = " ".join(
+        filter(None, [env.get("XLA_FLAGS"), XLA_ONE_THREAD])
+    )
     return env
 
 
@@ -99,14 +109,9 @@ def lint(session):
 @nox.parametrize("backend", BACKENDS)
 def tests(session, backend):
     _install(session, backend, "test,hub", hub=True)
-    # Two workers, one per core of the CI machine. On torch, the tests that
-    # compile a train step share one (tests/testing.py); on JAX, each test
-    # file stays on one worker, whose eager ops it has compiled for its
-    # shapes (JAX tests 405 -> 328 CPU seconds).
-    dist = {"torch": "loadgroup", "jax": "loadfile"}.get(backend, "load")
     session.run(
-        "pytest", "-q", "-n", "2", "--dist", dist, *session.posargs,
-        env=_env(backend, session),
+        "pytest", "-q", *session.posargs,
+        env=_one_thread(_env(backend, session)),
     )  # fmt: skip
 
 
