@@ -221,7 +221,7 @@ def _gpu_dry_run(session):
         docs,
         "--output",
         tmp,
-        env=_env("torch"),
+        env=_one_thread(_env("torch")),
     )
     with open(docs) as f:
         if "CPU dry run" not in f.read():
@@ -312,11 +312,11 @@ def slow(session, backend):
     env = {**_env(backend, session), "SVR_FUZZ_EXAMPLES": "300"}
     session.run("pytest", "-q", "-m", "slow", *session.posargs, env=env)
     if backend == "torch":
-        # The tests that compile a train step (their xdist_group mark,
+        # The tests that compile a train step (their mark,
         # tests/testing.py), on inductor; the default run uses aot_eager
         # (tests/conftest.py).
         session.run(
-            "pytest", "-q", "-m", "xdist_group",
+            "pytest", "-q", "-m", "compiles_the_train_step",
             env={**env, "KSA_TORCH_INDUCTOR": "1"},
         )  # fmt: skip
     if backend != "jax":  # JAX runs it above, as a slow test

@@ -16,7 +16,7 @@ if keras.backend.backend() == "torch" and not os.environ.get(
         functionalizes it (where a layer breaks under torch.compile), but
         inductor does not generate and build C++ for each graph (the model
         battery and the GQA training test: 245 s on inductor, 162 s on
-        aot_eager, two workers on two cores). `nox -s slow` sets
+        aot_eager, measured on two cores). `nox -s slow` sets
         KSA_TORCH_INDUCTOR=1 and runs the compiled tests on inductor."""
         kwargs.setdefault("backend", "aot_eager")
         return _torch_compile(model, **kwargs)
@@ -26,7 +26,7 @@ if keras.backend.backend() == "torch" and not os.environ.get(
 if keras.backend.backend() == "jax":
     # Eager JAX lowers and compiles every op for every new shape, and JAX
     # makes a fresh MLIR context (loading every dialect) for each lowering:
-    # half the lowering time, and most of the workers' memory. The tests
+    # half the lowering time, and most of the process's memory. The tests
     # lower one module at a time on one thread, so one context serves them
     # all (measured on three test files in one process: 152 s -> 104 s,
     # peak memory 3.9 GB -> 1.4 GB). A private JAX function: if it moves,

@@ -19,15 +19,10 @@ BACKEND = keras.config.backend()
 # other backends in the default matrix too).
 slow_on_jax = pytest.mark.slow if BACKEND == "jax" else pytest.mark.fast
 
-# On torch, the tests that fit with `jit_compile=True` share one pytest
-# worker (`--dist loadgroup` in torch's nox session): torch.compile's first
-# trace of Keras's train step costs half a minute in each process that pays
-# it (the torch tests: 241 s -> 181 s). TensorFlow and JAX do not group.
-compiles_the_train_step = (
-    pytest.mark.xdist_group("compiles_the_train_step")
-    if BACKEND == "torch"
-    else lambda test: test
-)
+# The tests that fit with `jit_compile=True`: on torch, the default run
+# traces them with dynamo on `aot_eager` (tests/conftest.py) and `nox -s
+# slow` runs them again on inductor, selected by this mark.
+compiles_the_train_step = pytest.mark.compiles_the_train_step
 
 # Tests of what no backend computes (the scripts' option checks in a
 # subprocess, the offline suite's report from its committed runs): the torch
