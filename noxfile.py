@@ -209,7 +209,7 @@ def docs(session):
 @nox.session(allow_parallel=True)
 def gpu(session):
     """The GPU check's CPU dry run (the real one: benchmarks/gpu.sh), in
-    `nox`'s default sessions beside the tests (off torch's, the longest)."""
+    `nox`'s default sessions beside the tests."""
     _install(session, "torch", "examples")
     _gpu_dry_run(session)
 

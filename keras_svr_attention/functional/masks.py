@@ -1,4 +1,5 @@
-"""Attention masks: builders and a None-tolerant merge.
+"""Attention masks: builders, a None-tolerant merge and the shape helpers
+they share (`shape_of`, `zero_pad`).
 
 All masks are boolean, `True` where query `i` may attend to key `j`, of a
 shape that broadcasts to `(B, T, S)`: `(B, 1, S)` for key padding,
