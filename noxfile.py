@@ -90,6 +90,12 @@ XLA_ONE_THREAD = (
 )
 
 
+# JAX's test session has the most CPU work (eager JAX compiles every op for
+# every shape): the other sessions that compute yield to it, so that all end
+# together instead of JAX alone on one core at the end.
+NICE = ["nice", "-n", "5"] if shutil.which("nice") else []
+
+
 def _one_thread(env):
     env = {**env, **ONE_THREAD}
     env["XLA_FLAGS"] = " ".join(
@@ -109,11 +115,7 @@ def lint(session):
 @nox.parametrize("backend", BACKENDS)
 def tests(session, backend):
     _install(session, backend, "test,hub", hub=True)
-    # JAX's session has the most CPU work (eager JAX compiles every op for
-    # every shape): the other two yield to it, so that the three end
-    # together instead of JAX alone on one core at the end.
-    yields = backend != "jax" and shutil.which("nice")
-    nice = ["nice", "-n", "5"] if yields else []
+    nice = NICE if backend != "jax" else []
     session.run(
         *nice, "pytest", "-q", *session.posargs,
         env=_one_thread(_env(backend, session)), external=bool(nice),
@@ -219,15 +221,10 @@ def _gpu_dry_run(session):
     docs = os.path.join(tmp, "results.md")
     shutil.copy("docs/results.md", docs)
     session.run(
-        "python",
-        "benchmarks/gpu.py",
-        "--dry-run",
-        "--docs",
-        docs,
-        "--output",
-        tmp,
-        env=_one_thread(_env("torch")),
-    )
+        *NICE, "python", "benchmarks/gpu.py", "--dry-run",
+        *("--docs", docs, "--output", tmp),
+        env=_one_thread(_env("torch")), external=bool(NICE),
+    )  # fmt: skip
     with open(docs) as f:
         if "CPU dry run" not in f.read():
             session.error("the dry run did not write the docs' GPU rows")
