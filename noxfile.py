@@ -61,13 +61,13 @@ XLA_FAST_COMPILE = " ".join(
 )
 
 
-def _env(backend, session=None):
+def _env(backend, fast_compile=False):
     env = {
         "KERAS_BACKEND": backend,
         "TF_CPP_MIN_LOG_LEVEL": "2",
         "CUDA_VISIBLE_DEVICES": "",
     }
-    if backend in ("jax", "tensorflow") and session is not None:
+    if backend in ("jax", "tensorflow") and fast_compile:
         # XLA compiles every eager JAX op anew for each shape (most of the
         # JAX test time) and every jit-compiled TensorFlow step: the tests
         # are small, so compile fast rather than well (no LLVM optimisation,
@@ -90,18 +90,18 @@ XLA_ONE_THREAD = (
 )
 
 
-# JAX's test session has the most CPU work (eager JAX compiles every op for
-# every shape): the other sessions that compute yield to it, so that all end
-# together instead of JAX alone on one core at the end.
-NICE = ["nice", "-n", "5"] if shutil.which("nice") else []
-
-
 def _one_thread(env):
     env = {**env, **ONE_THREAD}
     env["XLA_FLAGS"] = " ".join(
         filter(None, [env.get("XLA_FLAGS"), XLA_ONE_THREAD])
     )
     return env
+
+
+# JAX's test session has the most CPU work (eager JAX compiles every op for
+# every shape): the other sessions that compute yield to it, so that all end
+# together instead of JAX alone on one core at the end.
+NICE = ["nice", "-n", "5"] if shutil.which("nice") else []
 
 
 @nox.session(allow_parallel=True)
@@ -118,7 +118,8 @@ def tests(session, backend):
     nice = NICE if backend != "jax" else []
     session.run(
         *nice, "pytest", "-q", *session.posargs,
-        env=_one_thread(_env(backend, session)), external=bool(nice),
+        env=_one_thread(_env(backend, fast_compile=True)),
+        external=bool(nice),
     )  # fmt: skip
 
 
@@ -311,7 +312,7 @@ def bench(session, backend):
 def slow(session, backend):
     _install(session, backend, "test,examples")
     # SVR_FUZZ_EXAMPLES: the property-based test draws many more examples.
-    env = {**_env(backend, session), "SVR_FUZZ_EXAMPLES": "300"}
+    env = {**_env(backend, fast_compile=True), "SVR_FUZZ_EXAMPLES": "300"}
     session.run("pytest", "-q", "-m", "slow", *session.posargs, env=env)
     if backend == "torch":
         # The tests that compile a train step (their mark,

@@ -33,13 +33,12 @@ def zero_pad(x, axis, before=0, after=0):
     (2, 6, 4)
     """
     shape = shape_of(x)
-    parts = [x]
-    if before:
-        zeros = (*shape[:axis], before, *shape[axis + 1 :])
-        parts.insert(0, ops.zeros(zeros, x.dtype))
-    if after:
-        zeros = (*shape[:axis], after, *shape[axis + 1 :])
-        parts.append(ops.zeros(zeros, x.dtype))
+
+    def zeros(size):
+        return [ops.zeros((*shape[:axis], size, *shape[axis + 1 :]), x.dtype)]
+
+    parts = (zeros(before) if before else []) + [x]
+    parts += zeros(after) if after else []
     return ops.concatenate(parts, axis=axis) if len(parts) > 1 else x
 
 
