@@ -8,6 +8,7 @@ attended to by a kernel with Attention-BN (Eqns 22, 26); the groups'
 outputs are merged back in head order.
 """
 
+import keras
 from keras import ops
 
 from keras_svr_attention.functional import kernels
@@ -70,11 +71,22 @@ def attend_groups(
                 group.valid,
                 num_keys,
             )
+        if group.query_valid is not None:
+            out, score = _zero_padded_queries(out, score, group.query_valid)
         outputs.append(out)
         scores.append(score)
         order += list(heads)
     output = _merge(outputs, order, axis=2)
     return output, _merge(scores, order, axis=1) if return_scores else None
+
+
+def _zero_padded_queries(output, scores, query_valid):
+    """Exact zeros for padded queries: output `(B, T, n, Dv)`, scores
+    `(B, n, T, S)` or None, `query_valid` `(B, T)`."""
+    output = ops.where(query_valid[:, :, None, None], output, 0.0)
+    if scores is not None:
+        scores = ops.where(query_valid[:, None, :, None], scores, 0.0)
+    return output, scores
 
 
 def _merge(tensors, order, axis):
@@ -104,8 +116,22 @@ def softmax_group(
     `mask` is the group's finished mask; `causal_only` (with no mask) means
     j <= i, taken by a fused kernel as `is_causal=True` and built here
     otherwise (`visibility.with_causal_mask`). mu_i is taken over the keys
-    query i sees; only the query shifts (the key-side shift cancels).
+    query i sees; only the query shifts (the key-side shift cancels). Under
+    `standardize`, float16 heads attend in float32 (q / sigma^2 overflows
+    float16 when a query sees a single key) and the result is cast back.
     """
+    dtype = query.dtype
+    if standardize and _dtype_name(dtype) == "float16":
+        # q / s^2 can exceed float16's range (s^2 ~ epsilon when a query
+        # sees one key): attend in float32 and cast back.
+        out, scores = softmax_group(
+            *(ops.cast(t, "float32") for t in (query, key, value)),
+            mask, causal_only, beta, standardize, epsilon, scale, dropout,
+            return_scores, flash_attention,
+        )  # fmt: skip
+        return ops.cast(out, dtype), (
+            None if scores is None else ops.cast(scores, dtype)
+        )
     uses_bn = _uses_bn(beta, standardize)
     if causal_only and (
         uses_bn or not kernels.fuses(query, value, dropout, return_scores)
@@ -154,6 +180,10 @@ def linear_group(
         counts=visible,
         return_scores=return_scores,
     )
+
+
+def _dtype_name(dtype):
+    return keras.backend.standardize_dtype(dtype)
 
 
 def _uses_bn(beta, standardize):

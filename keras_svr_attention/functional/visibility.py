@@ -58,6 +58,10 @@ class HeadGroup(NamedTuple):
         key_weights: linear kernel: `(B|1, S')` 0/1 valid keys, or None.
         visible: linear kernel under causality: `(1, T)` int32 prefix
             lengths n_i (query i sees keys 0..n_i - 1), or None.
+        query_valid: linear kernel: `(B, T)` boolean unpadded queries, or
+            None. The linear kernel has no per-query mask: the padded rows'
+            outputs and scores are set to zero after it (`attend_groups`),
+            as the softmax kernel's mask gives them.
     """
 
     factor: int
@@ -68,6 +72,7 @@ class HeadGroup(NamedTuple):
     causal_only: bool = False
     key_weights: object = None
     visible: object = None
+    query_valid: object = None
 
 
 def attention_mask_4d(mask, num_heads, expected):
@@ -188,8 +193,8 @@ def plan_head_groups(
         groups = [(1, heads) for _, heads in groups]
     if kernel == "linear":
         return _plan_linear(
-            groups, p, num_queries, num_keys, key_padding, attention_mask,
-            causal, offset,
+            groups, p, num_queries, num_keys, query_mask, key_padding,
+            attention_mask, causal, offset,
         )  # fmt: skip
     pattern = None
     if sparsity is not None:
@@ -252,8 +257,8 @@ def plan_head_groups(
 
 
 def _plan_linear(
-    groups, p, num_queries, num_keys, key_padding, attention_mask, causal,
-    offset,
+    groups, p, num_queries, num_keys, query_mask, key_padding,
+    attention_mask, causal, offset,
 ):  # fmt: skip
     """Linear kernel: key weights, and causal prefix lengths by position."""
     if attention_mask is not None:
@@ -291,6 +296,9 @@ def _plan_linear(
                 counts,
                 key_weights=weights,
                 visible=visible,
+                query_valid=None
+                if query_mask is None
+                else ops.cast(query_mask, "bool"),
             )
         )
     return plan

@@ -162,9 +162,6 @@ class SVRGroupedQueryAttention(keras.layers.GroupQueryAttention):
             self.options.num_prefix_tokens,
             return_attention_scores,
         )
-        if self.options.kernel == "linear" and query_mask is not None:
-            rows = ops.cast(query_mask, "bool")[:, :, None, None]
-            output = ops.where(rows, output, 0.0)
         if gate is not None:
             output = ops.multiply(output, gate)
         output = self._output_dense(output)

@@ -412,12 +412,6 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             return_attention_scores,
             transform_key=lambda k: self._convolve(k, "key", use_causal_mask),
         )
-        if self.options.kernel == "linear" and query_mask is not None:
-            # Padded queries see nothing: exact zeros, as under softmax.
-            rows = ops.cast(query_mask, "bool")
-            output = ops.where(rows[:, :, None, None], output, 0.0)
-            if return_attention_scores:
-                scores = ops.where(rows[:, None, :, None], scores, 0.0)
         if gate is not None:
             output = ops.multiply(output, gate)
         output = self._output_dense(output)
@@ -550,15 +544,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         attention_mask, causal_only = common.hook_causal_mask(
             attention_mask, use_causal_mask, query, key
         )
-        dtype = keras.backend.standardize_dtype(query.dtype)
-        cast = self.options.standardize and dtype == "float16"
-        if cast:
-            # q / s^2 can exceed float16's range (s^2 ~ epsilon when a query
-            # sees one key): attend in float32 and cast back.
-            query, key, value = (
-                ops.cast(t, "float32") for t in (query, key, value)
-            )
-        out, scores = attention.softmax_group(
+        return attention.softmax_group(
             query,
             key,
             value,
@@ -572,10 +558,6 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             return_scores=return_attention_scores,
             flash_attention=self._flash_attention,
         )
-        if cast:
-            out = ops.cast(out, dtype)
-            scores = None if scores is None else ops.cast(scores, dtype)
-        return out, scores
 
     def _compute_linear_attention(
         self,

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import keras_svr_attention as ksa
+from tests.testing import MODES
 from tests.testing import assert_allclose
 from tests.testing import compiles_the_train_step
 from tests.testing import random_weights
@@ -144,3 +145,64 @@ class TestKerasGroupedQueryAttentionSuite(
     keras_tests.GroupedQueryAttentionTest
 ):
     pass
+
+
+EQUIVALENCE_MODES = {
+    **MODES,
+    "linear": {"kernel": "linear"},
+    "linear-bn+sh": {
+        "kernel": "linear",
+        "beta": 0.5,
+        "head_factors": [1, 2, 1, 3],
+    },
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("mask", ["none", "causal", "padding", "attention"])
+@pytest.mark.parametrize("mode", EQUIVALENCE_MODES)
+def test_as_many_key_value_heads_as_query_heads_is_svr_attention(
+    mode, mask, dtype
+):
+    # One forward for both layers: with K = N and SVRAttention's weights (the
+    # same layout), outputs and scores agree in every mode, mask and dtype.
+    # Regressions: GQA's float16 outputs went non-finite under `standardize`
+    # (the float32 upcast lived in SVRAttention only), and its linear kernel
+    # gave padded queries nonzero scores.
+    options = EQUIVALENCE_MODES[mode]
+    heads = len(options.get("head_factors", [0] * 4))
+    svr = ksa.SVRAttention(num_heads=heads, key_dim=3, dtype=dtype, **options)
+    gqa = ksa.SVRGroupedQueryAttention(
+        head_dim=3,
+        num_query_heads=heads,
+        num_key_value_heads=heads,
+        dtype=dtype,
+        **options,
+    )
+    x = np.random.default_rng(3).normal(size=(B, T, F)).astype(dtype)
+    svr(x, x)
+    gqa(x, x)
+    random_weights(svr)
+    gqa.set_weights(svr.get_weights())
+    kwargs = {"return_attention_scores": True}
+    if mask == "causal":
+        kwargs["use_causal_mask"] = True
+    elif mask == "padding":
+        padding = np.arange(T)[None] < np.array([[T], [4]])
+        kwargs["query_mask"] = kwargs["value_mask"] = padding
+    elif mask == "attention":
+        if options.get("kernel") == "linear":
+            pytest.skip("the linear kernel takes padding and causal masks")
+        m = np.random.default_rng(1).random((B, T, T)) < 0.6
+        m[0, 2] = False  # a row that sees no key
+        kwargs["attention_mask"] = m
+    want, want_scores = svr(x, x, **kwargs)
+    got, got_scores = gqa(x, x, **kwargs)
+    for value in (got, got_scores):
+        assert np.isfinite(keras.ops.convert_to_numpy(value)).all()
+    # float16 keeps 11 bits: 1e-2 relative on unit-scale outputs, the same
+    # computation in the same order on both sides (float32: exact but for
+    # the sum order of the repeated projections).
+    tol = 2e-2 if dtype == "float16" else 1e-5
+    assert_allclose(got, want, tol, tol)
+    assert_allclose(got_scores, want_scores, tol, tol)
