@@ -269,6 +269,7 @@ def test_token_by_token_decoding_equals_the_full_causal_forward(mode):
     layers = _decoder(mode)
     x = _data(3, length=9)
     want = ops.convert_to_numpy(_full_forward(layers, x))
+    scale = np.abs(want).max()
     caches = [ops.zeros((2, 2, 9, 4, 3)) for _ in layers]
     prompt = 3
     # Seed the caches with the prompt, then one token at a time.
@@ -284,7 +285,10 @@ def test_token_by_token_decoding_equals_the_full_causal_forward(mode):
                 use_causal_mask=True,
             )
             h = ops.add(h, out)
-        assert_allclose(h, want[:, start:stop], 1e-5, 1e-5)
+        # float32 promises about 1e-5 of the largest value here (outputs
+        # near 20, two residual layers, a cache read in another summation
+        # order): an absolute tolerance fixed at 1e-5 failed on one CPU.
+        assert_allclose(h, want[:, start:stop], 1e-5 * scale, 1e-5)
 
 
 def test_static_cache_reads_without_writing():
