@@ -120,17 +120,11 @@ def softmax_group(
     `standardize`, float16 heads attend in float32 (q / sigma^2 overflows
     float16 when a query sees a single key) and the result is cast back.
     """
-    dtype = query.dtype
-    if standardize and _dtype_name(dtype) == "float16":
-        # q / s^2 can exceed float16's range (s^2 ~ epsilon when a query
-        # sees one key): attend in float32 and cast back.
-        out, scores = softmax_group(
-            *(ops.cast(t, "float32") for t in (query, key, value)),
-            mask, causal_only, beta, standardize, epsilon, scale, dropout,
-            return_scores, flash_attention,
-        )  # fmt: skip
-        return ops.cast(out, dtype), (
-            None if scores is None else ops.cast(scores, dtype)
+    dtype = keras.backend.standardize_dtype(query.dtype)
+    upcast = standardize and dtype == "float16"
+    if upcast:
+        query, key, value = (
+            ops.cast(t, "float32") for t in (query, key, value)
         )
     uses_bn = _uses_bn(beta, standardize)
     if causal_only and (
@@ -141,7 +135,7 @@ def softmax_group(
         query = statistics.recenter_query(
             query, key, beta, mask, standardize, epsilon
         )
-    return kernels.softmax_attention(
+    out, scores = kernels.softmax_attention(
         query,
         key,
         value,
@@ -152,6 +146,10 @@ def softmax_group(
         return_scores=return_scores,
         flash_attention=flash_attention,
     )
+    if upcast:
+        out = ops.cast(out, dtype)
+        scores = None if scores is None else ops.cast(scores, dtype)
+    return out, scores
 
 
 def linear_group(
@@ -180,10 +178,6 @@ def linear_group(
         counts=visible,
         return_scores=return_scores,
     )
-
-
-def _dtype_name(dtype):
-    return keras.backend.standardize_dtype(dtype)
 
 
 def _uses_bn(beta, standardize):

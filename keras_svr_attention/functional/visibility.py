@@ -274,6 +274,7 @@ def _plan_linear(
             key_padding, attention_mask[:, 0, 0, :]
         )
     rows = masks_lib.query_positions(num_queries, offset)[None]
+    query_valid = None if query_mask is None else ops.cast(query_mask, "bool")
     plan = []
     for factor, heads in groups:
         counts = visible = None
@@ -296,9 +297,7 @@ def _plan_linear(
                 counts,
                 key_weights=weights,
                 visible=visible,
-                query_valid=None
-                if query_mask is None
-                else ops.cast(query_mask, "bool"),
+                query_valid=query_valid,
             )
         )
     return plan
