@@ -2,18 +2,18 @@
 
 The counterpart of `keras.ops.dot_product_attention`, for use inside any
 attention layer: the same layout and arguments, plus the options of the
-primal-dual framework. It is the computation of the layers (the same
-planner, `functional.visibility`, and the same per-group kernels,
-`functional.attention`), not a copy.
+primal-dual framework. It is the layers' forward (the planner,
+`functional.visibility`, then `functional.attention.svr_attention`), not
+a copy.
 """
 
 from keras import ops
 
 from keras_svr_attention.api_export import svr_export
 from keras_svr_attention.functional import attention
-from keras_svr_attention.functional import masks as masks_lib
+from keras_svr_attention.functional import options as options_lib
 from keras_svr_attention.functional import visibility
-from keras_svr_attention.layers import _validation as check
+from keras_svr_attention.functional._tensors import shape_of
 
 
 @svr_export
@@ -52,8 +52,9 @@ def svr_dot_product_attention(
       `beta` (Eqn 26; with `standardize`, Eqn 22);
     - `m` is `mask` and, with `is_causal`, j <= `causal_offset` + i. Under
       causality a pooled window is seen only by queries at or after the end
-      of its full span, so no output depends on a later position (SPEC.md
-      section 6); a query that sees no key outputs zeros.
+      of its full span, so no output depends on a later position (the
+      rules page, "Causal windows"); a query that sees no key outputs
+      zeros.
 
     Args:
         query: `(B, T, N, H)`.
@@ -88,12 +89,45 @@ def svr_dot_product_attention(
         >>> tuple(out.shape)
         (2, 10, 8, 16)
     """
-    num_heads, num_kv_heads = query.shape[2], key.shape[2]
+    _check_heads(query, key, value)
+    repeats = query.shape[2] // key.shape[2]
+    learned = None if beta is None or options_lib.is_real(beta) else beta
+    options = options_lib.svr_options(
+        key.shape[2],
+        beta=beta if learned is None else 1.0,  # a tensor b recenters
+        standardize=standardize,
+        epsilon=epsilon,
+        head_factors=head_factors,
+        num_prefix_tokens=num_prefix_tokens,
+        kernel=kernel,
+    ).per_query_head(repeats)
+    if repeats > 1:
+        key = ops.repeat(key, repeats, axis=2)
+        value = ops.repeat(value, repeats, axis=2)
+    if mask is not None:
+        mask = ops.cast(mask, "bool")
+        mask = ops.reshape(mask, (1,) * (4 - len(mask.shape)) + shape_of(mask))
+    plan = visibility.plan_head_groups(
+        options,
+        shape_of(query)[1],
+        shape_of(key)[1],
+        attention_mask=mask,
+        causal=is_causal,
+        offset=causal_offset,
+    )
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    attend = attention.kernel(
+        options, learned, scale, flash_attention=flash_attention
+    )
+    return attention.svr_attention(query, key, value, plan, attend)[0]
+
+
+def _check_heads(query, key, value):
     if (
         len(query.shape) != 4
         or len(key.shape) != 4
         or len(value.shape) != 4
-        or num_heads % num_kv_heads
+        or query.shape[2] % key.shape[2]
         or key.shape[2] != value.shape[2]
     ):
         raise ValueError(
@@ -102,55 +136,3 @@ def svr_dot_product_attention(
             f"query.shape={tuple(query.shape)}, key.shape="
             f"{tuple(key.shape)}, value.shape={tuple(value.shape)}"
         )
-    if kernel not in check.KERNELS:
-        raise ValueError(
-            f"`kernel` must be one of {check.KERNELS}. Received: "
-            f"kernel={kernel!r}"
-        )
-    groups = num_heads // num_kv_heads
-    factors = check.factors_per_head(head_factors, num_kv_heads)
-    factors = tuple(f for f in factors for _ in range(groups))
-    if groups > 1:
-        key = ops.repeat(key, groups, axis=2)
-        value = ops.repeat(value, groups, axis=2)
-    if mask is not None:
-        mask = ops.cast(mask, "bool")
-        while len(mask.shape) < 4:
-            mask = ops.expand_dims(mask, 0)
-    num_keys = masks_lib.shape_of(key)[1]
-    plan = visibility.plan_head_groups(
-        factors,
-        num_prefix_tokens,
-        masks_lib.shape_of(query)[1],
-        num_keys,
-        attention_mask=mask,
-        causal=is_causal,
-        offset=causal_offset,
-        kernel=kernel,
-    )
-    beta = 0.0 if beta is None else beta
-    scale = query.shape[-1] ** -0.5 if scale is None else scale
-
-    def attend(group, q, k, v):
-        if kernel == "linear":
-            return attention.linear_group(
-                q, k, v, group.key_weights, group.visible, beta,
-                standardize, epsilon,
-            )  # fmt: skip
-        return attention.softmax_group(
-            q,
-            k,
-            v,
-            group.mask,
-            group.causal_only,
-            beta,
-            standardize,
-            epsilon,
-            scale,
-            flash_attention=flash_attention,
-        )
-
-    output, _ = attention.attend_groups(
-        query, key, value, plan, attend, num_prefix_tokens
-    )
-    return output

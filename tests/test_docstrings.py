@@ -2,6 +2,7 @@
 as doctests through pytest's --doctest-modules)."""
 
 import inspect
+import pathlib
 import pkgutil
 import re
 
@@ -42,3 +43,22 @@ def test_docstrings_have_python_examples():
 def test_docstring_example_runs(obj, code):
     namespace = dict(vars(inspect.getmodule(obj)))
     exec(compile(code, f"<docstring of {obj.__qualname__}>", "exec"), namespace)
+
+
+RULES = pathlib.Path(__file__).parents[1] / "docs" / "guide" / "rules.md"
+CITATION = re.compile(r"rules\s+page[^)]*", re.DOTALL)
+
+
+def test_rules_page_citations_name_its_sections_and_no_spec_file():
+    """Every section a docstring cites ("the rules page, "Windows"") is a
+    heading of docs/guide/rules.md, and no file of the package points to a
+    SPEC file that does not ship with it."""
+    sections = set(re.findall(r"^## (.+)$", RULES.read_text(), re.MULTILINE))
+    cited = set()
+    for path in pathlib.Path(ksa.__file__).parent.rglob("*.py"):
+        text = path.read_text()
+        assert "SPEC" not in text, path
+        for citation in CITATION.findall(text):
+            cited.update(re.findall(r'"([^"]+)"', citation))
+    assert len(cited) >= 6, cited
+    assert cited <= sections, cited - sections

@@ -10,6 +10,7 @@ import keras
 import numpy as np
 import pytest
 
+import keras_svr_attention as ksa
 from tests import numpy_reference as ref
 
 BACKEND = keras.config.backend()
@@ -113,6 +114,24 @@ MODES = {
         "head_factors": [1, 1, 2, 4],
     },
 }
+
+
+def svr_layer(kind, options, **kwargs):
+    """`SVRAttention` (its heads of key_dim 3) or, for kind "gqa",
+    `SVRGroupedQueryAttention` with as many query heads and half as many
+    key/value heads, each taking every other head factor of `options`."""
+    options = {**options, **kwargs}
+    heads = len(options.get("head_factors", [0] * N))
+    if kind == "svr":
+        return ksa.SVRAttention(num_heads=heads, key_dim=3, **options)
+    if "head_factors" in options:
+        options["head_factors"] = options["head_factors"][::2]
+    return ksa.SVRGroupedQueryAttention(
+        head_dim=3,
+        num_query_heads=heads,
+        num_key_value_heads=heads // 2,
+        **options,
+    )
 
 
 def make_inputs(num_queries=T, num_keys=S, seed=0, self_attention=False):

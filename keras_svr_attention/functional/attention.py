@@ -1,32 +1,26 @@
-"""SVR attention over planned head groups: the computation every layer and
-the functional op share.
+"""The one forward of SVR attention, shared by every layer, the functional
+op and the LLM hook.
 
 Given the heads `(B, T, N, D)`, `(B, S, N, D)`, `(B, S, N, Dv)` and the
-plan of `visibility.plan_head_groups`, each group of heads is selected,
-its keys and values average-pooled by the group's factor (Eqn 25), and
-attended to by a kernel with Attention-BN (Eqns 22, 26); the groups'
-outputs are merged back in head order.
+plan of `visibility.plan_head_groups`, `svr_attention` selects each group
+of heads, average-pools its keys and values by the group's factor
+(Eqn 25), attends with a kernel that carries Attention-BN (Eqns 22, 26)
+and merges the groups' outputs back in head order. The kernel is chosen
+once, as a callable (`kernel`, or a layer's hooks).
 """
 
 import keras
 from keras import ops
 
 from keras_svr_attention.functional import kernels
-from keras_svr_attention.functional import masks as masks_lib
 from keras_svr_attention.functional import pooling
 from keras_svr_attention.functional import statistics
 from keras_svr_attention.functional import visibility
+from keras_svr_attention.functional._tensors import shape_of
 
 
-def attend_groups(
-    query,
-    key,
-    value,
-    plan,
-    attend,
-    num_prefix_tokens=0,
-    return_scores=False,
-    transform_key=None,
+def svr_attention(
+    query, key, value, plan, attend, return_scores=False, transform_key=None
 ):
     """Runs `attend` on every head group of `plan` and merges the outputs.
 
@@ -34,9 +28,8 @@ def attend_groups(
         query: `(B, T, N, D)`. key: `(B, S, N, D)`. value: `(B, S, N, Dv)`.
         plan: list of `visibility.HeadGroup`.
         attend: `attend(group, query, key, value) -> (output, scores)`, on
-            the group's heads and its pooled keys and values: the kernel
-            (a layer passes its hooks).
-        num_prefix_tokens: int p. Leading keys that are never pooled.
+            the group's heads and its pooled keys and values: `kernel(...)`,
+            or a layer's hooks.
         return_scores: bool. Merge the scores too; a pooled window's weight
             is spread evenly over its valid tokens, so scores @ values is
             the output.
@@ -44,68 +37,89 @@ def attend_groups(
             (Attention-Conv's convolution).
 
     Returns:
-        `(output (B, T, N, Dv), scores (B, N, T, S) or None)`.
+        `(output (B, T, N, Dv), scores (B, N, T, S) or None)`. A padded
+        query (`HeadGroup.query_valid`) outputs exact zeros.
     """
     num_heads = query.shape[2]
-    num_keys = masks_lib.shape_of(value)[1]
+    num_keys = shape_of(value)[1]
     outputs, scores, order = [], [], []
     for group in plan:
-        heads = group.heads
         q, k, v = (
-            visibility.select_heads(x, heads, num_heads, 2)
+            visibility.select_heads(x, group.heads, num_heads, 2)
             for x in (query, key, value)
         )
+        pool = (group.factor, group.num_prefix_tokens, group.valid)
         if group.factor > 1:
-            pool = (group.factor, num_prefix_tokens, group.valid, group.counts)
-            k, _ = pooling.pool_sequence(k, *pool)
-            v, _ = pooling.pool_sequence(v, *pool)
+            k, _ = pooling.pool_sequence(k, *pool, group.window_counts)
+            v, _ = pooling.pool_sequence(v, *pool, group.window_counts)
         if transform_key is not None:
             k = transform_key(k)
         out, score = attend(group, q, k, v)
         if return_scores and group.factor > 1:
             score = pooling.spread_scores(
-                score,
-                group.factor,
-                num_prefix_tokens,
-                group.counts,
-                group.valid,
-                num_keys,
+                score, *pool[:2], group.window_counts, group.valid, num_keys
             )
         if group.query_valid is not None:
-            out, score = _zero_padded_queries(out, score, group.query_valid)
+            valid = group.query_valid
+            out = ops.where(valid[:, :, None, None], out, 0.0)
+            if score is not None:
+                score = ops.where(valid[:, None, :, None], score, 0.0)
         outputs.append(out)
         scores.append(score)
-        order += list(heads)
-    output = _merge(outputs, order, axis=2)
-    return output, _merge(scores, order, axis=1) if return_scores else None
+        order += list(group.heads)
+    # Concatenated by group; back to head order.
+    inverse = [order.index(h) for h in range(len(order))]
+    merged = []
+    pairs = [(outputs, 2), (scores, 1)] if return_scores else [(outputs, 2)]
+    for parts, axis in pairs:
+        tensor = parts[0] if len(parts) == 1 else ops.concatenate(parts, axis)
+        if order != sorted(order):
+            tensor = ops.take(tensor, inverse, axis=axis)
+        merged.append(tensor)
+    return merged[0], (merged[1] if return_scores else None)
 
 
-def _zero_padded_queries(output, scores, query_valid):
-    """Exact zeros for padded queries: output `(B, T, n, Dv)`, scores
-    `(B, n, T, S)` or None, `query_valid` `(B, T)`."""
-    output = ops.where(query_valid[:, :, None, None], output, 0.0)
-    if scores is not None:
-        scores = ops.where(query_valid[:, None, :, None], scores, 0.0)
-    return output, scores
+def kernel(
+    options,
+    beta=None,
+    scale=None,
+    dropout=None,
+    return_scores=False,
+    flash_attention=None,
+):
+    """The kernel of `options`, chosen once, with Attention-BN bound in.
 
+    Returns `attend(group, query, key, value) -> (output, scores)` for
+    `svr_attention`: `softmax_group` or `linear_group` with these
+    arguments.
 
-def _merge(tensors, order, axis):
-    merged = tensors[0] if len(tensors) == 1 else ops.concatenate(tensors, axis)
-    if order != sorted(order):
-        inverse = [order.index(h) for h in range(len(order))]
-        merged = ops.take(merged, inverse, axis=axis)
-    return merged
+    Args:
+        options: `SVROptions`.
+        beta: b, a float or a scalar tensor (a learned weight), or None for
+            `options.beta`.
+        scale: float, the softmax logits' scale. Defaults to `1 / sqrt(D)`.
+        dropout: callable on the attention weights, or None.
+        return_scores: bool. Also return the weights.
+        flash_attention: passed to `keras.ops.dot_product_attention`.
+    """
+    if options.kernel == "linear":
+        return lambda group, q, k, v: linear_group(
+            q, k, v, group, options, beta, return_scores
+        )
+    return lambda group, q, k, v: softmax_group(
+        q, k, v, group.mask, group.causal, options, beta, scale, dropout,
+        return_scores, flash_attention,
+    )  # fmt: skip
 
 
 def softmax_group(
     query,
     key,
     value,
-    mask=None,
-    causal_only=False,
-    beta=0.0,
-    standardize=False,
-    epsilon=1e-5,
+    mask,
+    is_causal,
+    options,
+    beta=None,
     scale=None,
     dropout=None,
     return_scores=False,
@@ -113,39 +127,32 @@ def softmax_group(
 ):
     """Softmax attention of one group with Attention-BN (Eqns 22, 26).
 
-    `mask` is the group's finished mask; `causal_only` (with no mask) means
-    j <= i, taken by a fused kernel as `is_causal=True` and built here
-    otherwise (`visibility.with_causal_mask`). mu_i is taken over the keys
-    query i sees; only the query shifts (the key-side shift cancels). Under
+    `mask` is the group's finished mask, `(B|1, T|1, S)` or per head
+    `(B|1, n|1, T|1, S)`, or None; `is_causal` adds j <= i
+    (`kernels.softmax_attention` decides how). Under `options.uses_bn`,
+    query i is recentered by b mu_i, the mean of the keys it sees
+    (`statistics.recenter_query`; the key-side shift cancels). Under
     `standardize`, float16 heads attend in float32 (q / sigma^2 overflows
     float16 when a query sees a single key) and the result is cast back.
+    `beta` None means `options.beta`.
     """
     dtype = keras.backend.standardize_dtype(query.dtype)
-    upcast = standardize and dtype == "float16"
+    upcast = options.standardize and dtype == "float16"
     if upcast:
         query, key, value = (
             ops.cast(t, "float32") for t in (query, key, value)
         )
-    uses_bn = _uses_bn(beta, standardize)
-    if causal_only and (
-        uses_bn or not kernels.fuses(query, value, dropout, return_scores)
-    ):
-        mask, causal_only = visibility.with_causal_mask(mask, query, key), False
-    if uses_bn:
+    if mask is not None and len(mask.shape) == 3:
+        mask = mask[:, None]  # (B, T, S): one mask for every head
+    if options.uses_bn:
+        beta = (options.beta or 0.0) if beta is None else beta
         query = statistics.recenter_query(
-            query, key, beta, mask, standardize, epsilon
+            query, key, beta, options, mask, is_causal
         )
     out, scores = kernels.softmax_attention(
-        query,
-        key,
-        value,
-        mask=mask,
-        is_causal=causal_only,
-        scale=scale,
-        dropout=dropout,
-        return_scores=return_scores,
-        flash_attention=flash_attention,
-    )
+        query, key, value, mask, is_causal, scale, dropout, return_scores,
+        flash_attention,
+    )  # fmt: skip
     if upcast:
         out = ops.cast(out, dtype)
         scores = None if scores is None else ops.cast(scores, dtype)
@@ -153,33 +160,23 @@ def softmax_group(
 
 
 def linear_group(
-    query,
-    key,
-    value,
-    key_weights=None,
-    visible=None,
-    beta=0.0,
-    standardize=False,
-    epsilon=1e-5,
-    return_scores=False,
+    query, key, value, group, options, beta=None, return_scores=False
 ):
-    """Linear attention of one group with Attention-BN: q and k shifted
-    before Phi (`statistics.recenter_linear`), then
-    `kernels.linear_attention`."""
-    if _uses_bn(beta, standardize):
+    """Linear attention of one group with Attention-BN: under
+    `options.uses_bn`, q and k shifted before Phi
+    (`statistics.recenter_linear`), then `kernels.linear_attention` over
+    the group's key weights and causal prefix lengths. `beta` None means
+    `options.beta`."""
+    if options.uses_bn:
+        beta = (options.beta or 0.0) if beta is None else beta
         query, key = statistics.recenter_linear(
-            query, key, beta, key_weights, visible, standardize, epsilon
+            query, key, beta, options, group.key_weights, group.prefix_lengths
         )
     return kernels.linear_attention(
         query,
         key,
         value,
-        key_weights=key_weights,
-        counts=visible,
+        key_weights=group.key_weights,
+        prefix_lengths=group.prefix_lengths,
         return_scores=return_scores,
     )
-
-
-def _uses_bn(beta, standardize):
-    """A tensor beta (learned) always recenters; a number when nonzero."""
-    return standardize or not isinstance(beta, float | int) or bool(beta)

@@ -14,7 +14,8 @@ unchanged. Shapes: `(B, T, N, D)` heads, as everywhere in `functional/`.
 
 from keras import ops
 
-from keras_svr_attention.functional import masks as masks_lib
+from keras_svr_attention.functional._tensors import shape_of
+from keras_svr_attention.functional._tensors import zero_pad
 
 
 def _shifted_sum(x, kernel, axis, size, left, taps=None):
@@ -22,8 +23,8 @@ def _shifted_sum(x, kernel, axis, size, left, taps=None):
 
     Only the first `taps` taps are used when given.
     """
-    length = masks_lib.shape_of(x)[axis]
-    padded = masks_lib.zero_pad(x, axis, left, size - 1 - left)
+    length = shape_of(x)[axis]
+    padded = zero_pad(x, axis, left, size - 1 - left)
     out = 0.0
     for u in range(size if taps is None else taps):
         piece = _take_range(padded, u, length, axis)
@@ -63,7 +64,7 @@ def conv_grid(x, kernel, grid_shape, num_prefix_tokens=0):
     """
     p = num_prefix_tokens
     height, width = grid_shape
-    shape = masks_lib.shape_of(x)
+    shape = shape_of(x)
     if x.shape[1] is not None and x.shape[1] - p != height * width:
         raise ValueError(
             f"`conv_grid` {tuple(grid_shape)} needs {height * width} tokens "
@@ -89,5 +90,5 @@ def _shift_rows(x, offset):
     if offset == 0:
         return x
     height = x.shape[1]
-    padded = masks_lib.zero_pad(x, 1, max(-offset, 0), max(offset, 0))
+    padded = zero_pad(x, 1, max(-offset, 0), max(offset, 0))
     return _take_range(padded, max(offset, 0), height, 1)

@@ -6,8 +6,10 @@ Shape letters: B batch, T queries, S keys, N heads, D head dim.
 import keras
 from keras import ops
 
-from keras_svr_attention.functional.statistics import accumulation_dtype
-from keras_svr_attention.functional.statistics import gather_prefix
+from keras_svr_attention.functional import masks as masks_lib
+from keras_svr_attention.functional._tensors import accumulation_dtype
+from keras_svr_attention.functional._tensors import gather_prefix
+from keras_svr_attention.functional._tensors import shape_of
 
 
 def fuses(query, value, dropout=None, return_scores=False):
@@ -46,19 +48,21 @@ def softmax_attention(
     h_i = sum_j softmax_j(scale * q_i^T k_j  |  m_ij) v_j
     ```
 
-    where m is `mask`, already finished (`visibility.plan_head_groups`):
-    nothing is merged or built here. Goes through the fused
-    `keras.ops.dot_product_attention` on JAX and torch when neither
-    `dropout` nor the scores are needed; otherwise logits and softmax are
-    computed in float32.
+    where m is `mask` (finished by `visibility.plan_head_groups`) and,
+    with `is_causal`, j <= i. This is the one place that decides the
+    causal path: causality alone on a fused kernel becomes its
+    `is_causal=True` (MultiHeadAttention's causal fast path, no mask
+    built); otherwise the causal mask is built and merged here. The fused
+    `keras.ops.dot_product_attention` runs on JAX and torch when neither
+    `dropout` nor the scores are needed (`fuses`); otherwise logits and
+    softmax are computed in float32.
 
     Args:
         query: `(B, T, N, D)`.
         key: `(B, S, N, D)`.
         value: `(B, S, N, Dv)`.
         mask: boolean `(B|1, N|1, T|1, S)` or `(B|1, T|1, S)`, or `None`.
-        is_causal: bool. `mask` is exactly the causal mask (j <= i): the
-            fused kernel may take `is_causal=True` instead of it.
+        is_causal: bool. Query i also sees only keys j <= i.
         scale: float. Defaults to `1 / sqrt(D)`.
         dropout: callable applied to the attention weights, or `None`.
         return_scores: bool. Also return the weights `(B, N, T, S)`.
@@ -77,10 +81,9 @@ def softmax_attention(
     fused = fuses(query, value, dropout, return_scores)
     if mask is not None and len(mask.shape) == 3:
         mask = mask[:, None]  # (B, T, S): one mask for every head
-    if is_causal and fused:
-        mask = None  # the backend's causal kernel, as MultiHeadAttention
-    else:
-        is_causal = False
+    if is_causal and not (fused and mask is None):
+        causal = masks_lib.causal_mask(shape_of(query)[1], shape_of(key)[1])
+        mask, is_causal = masks_lib.merge_masks(mask, causal[:, None]), False
     if mask is not None:
         rows = ops.any(mask, axis=-1, keepdims=True)  # (B|1, N|1, T|1, 1)
         # A row that sees no key attends everywhere (finite on every
@@ -147,7 +150,7 @@ def linear_attention(
     key,
     value,
     key_weights=None,
-    counts=None,
+    prefix_lengths=None,
     return_scores=False,
 ):
     """Linear attention: the SVR expansion with Phi(x) = elu(x) + 1.
@@ -158,16 +161,17 @@ def linear_attention(
     ```
 
     where M_i is every valid key (non-causal) or the first n_i keys
-    (causal, `counts`), computed as Phi(Q) (Phi(K)^T V) or with prefix sums:
-    O(T + S) memory and time, no T x S matrix unless `return_scores`.
+    (causal, `prefix_lengths`), computed as Phi(Q) (Phi(K)^T V) or with
+    prefix sums: O(T + S) memory and time, no T x S matrix unless
+    `return_scores`.
     Queries and keys arrive already recentered (Attention-BN). Accumulates
     in float32.
 
     Args:
         query: `(B, T, N, D)`. key: `(B, S, N, D)`. value: `(B, S, N, Dv)`.
         key_weights: `(B|1, S)` 0/1 weights of valid keys, or None.
-        counts: `(1, T)` causal prefix lengths (`visibility`), or
-            None for non-causal.
+        prefix_lengths: `(B|1, T)` causal prefix lengths n_i
+            (`visibility`), or None for non-causal.
         return_scores: bool. Also return the weights `(B, N, T, S)`.
 
     Returns:
@@ -181,7 +185,7 @@ def linear_attention(
     value = ops.cast(value, dtype)
     if key_weights is not None:
         phi_k = phi_k * ops.cast(key_weights, dtype)[:, :, None, None]
-    if counts is None:
+    if prefix_lengths is None:
         kv = ops.einsum("bsnd,bsne->bnde", phi_k, value)
         z = ops.sum(phi_k, axis=1)  # (B, N, D)
         num = ops.einsum("btnd,bnde->btne", phi_q, kv)
@@ -189,8 +193,12 @@ def linear_attention(
     else:
         kv = ops.cumsum(ops.einsum("bsnd,bsne->bsnde", phi_k, value), axis=1)
         z = ops.cumsum(phi_k, axis=1)
-        num = ops.einsum("btnd,btnde->btne", phi_q, gather_prefix(kv, counts))
-        den = ops.einsum("btnd,btnd->btn", phi_q, gather_prefix(z, counts))
+        num = ops.einsum(
+            "btnd,btnde->btne", phi_q, gather_prefix(kv, prefix_lengths)
+        )
+        den = ops.einsum(
+            "btnd,btnd->btn", phi_q, gather_prefix(z, prefix_lengths)
+        )
     seen = den > 0
     # Each row's numerator and denominator scaled by 1 / den, held constant:
     # the quotient is unchanged, but its gradient no longer holds den^2,
@@ -204,9 +212,10 @@ def linear_attention(
     scores = None
     if return_scores:
         weights = ops.einsum("btnd,bsnd->bnts", phi_q, phi_k)
-        if counts is not None:
+        if prefix_lengths is not None:
             cols = ops.arange(ops.shape(key)[1])[None, None, None, :]
-            weights = ops.where(cols < counts[:, None, :, None], weights, 0.0)
+            visible = cols < prefix_lengths[:, None, :, None]
+            weights = ops.where(visible, weights, 0.0)
         den = ops.transpose(ops.where(seen, den, 1.0), (0, 2, 1))
         scores = ops.cast(weights / den[..., None], out_dtype)
     return ops.cast(out, out_dtype), scores

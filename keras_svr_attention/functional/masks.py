@@ -1,5 +1,4 @@
-"""Attention masks: builders, a None-tolerant merge and the shape helpers
-they share (`shape_of`, `zero_pad`).
+"""Attention masks: builders and a None-tolerant merge.
 
 All masks are boolean, `True` where query `i` may attend to key `j`, of a
 shape that broadcasts to `(B, T, S)`: `(B, 1, S)` for key padding,
@@ -7,39 +6,6 @@ shape that broadcasts to `(B, T, S)`: `(B, 1, S)` for key padding,
 """
 
 from keras import ops
-
-
-def shape_of(x):
-    """Static sizes where known, dynamic (`ops.shape`) ones elsewhere."""
-    dynamic = None
-    out = []
-    for i, d in enumerate(x.shape):
-        if d is None:
-            dynamic = ops.shape(x) if dynamic is None else dynamic
-            d = dynamic[i]
-        out.append(d)
-    return tuple(out)
-
-
-def zero_pad(x, axis, before=0, after=0):
-    """`x` with `before` and `after` zeros around `axis` (Python ints).
-
-    What `ops.pad` computes for one axis, by concatenation: `ops.pad` builds
-    a Keras `Operation` on every call, which `torch.compile` cannot trace
-    (a graph break inside the attention's per-group loop, and the loop's
-    whole frame then runs eagerly).
-
-    >>> tuple(zero_pad(ops.ones((2, 3, 4)), 1, 1, 2).shape)
-    (2, 6, 4)
-    """
-    shape = shape_of(x)
-
-    def zeros(size):
-        return [ops.zeros((*shape[:axis], size, *shape[axis + 1 :]), x.dtype)]
-
-    parts = (zeros(before) if before else []) + [x]
-    parts += zeros(after) if after else []
-    return ops.concatenate(parts, axis=axis) if len(parts) > 1 else x
 
 
 def merge_masks(*masks):
@@ -82,8 +48,8 @@ def causal_mask(num_queries, num_keys, offset=0):
         >>> tuple(causal_mask(3, 4).shape)
         (1, 3, 4)
     """
-    rows, cols = _positions(num_queries, num_keys, offset)
-    return ops.greater_equal(rows, cols)
+    rows = query_positions(num_queries, offset)[None, :, None]
+    return rows >= ops.arange(num_keys, dtype="int32")[None, None, :]
 
 
 def local_window_mask(num_queries, num_keys, window, offset=0):

@@ -1,4 +1,5 @@
-"""Masked sequence pooling of Attention-SH (SPEC.md sections 3 and 6, Eqn 25).
+"""Masked sequence pooling of Attention-SH (Eqn 25; the rules page,
+"Windows").
 
 Head s fits its SVR on keys and values average-pooled by a factor r along
 the sequence. With p prefix tokens, the pooled sequence is
@@ -15,8 +16,9 @@ sums and counts are accumulated in float32.
 
 from keras import ops
 
-from keras_svr_attention.functional import masks as masks_lib
-from keras_svr_attention.functional.statistics import accumulation_dtype
+from keras_svr_attention.functional._tensors import accumulation_dtype
+from keras_svr_attention.functional._tensors import shape_of
+from keras_svr_attention.functional._tensors import zero_pad
 
 
 def pooled_length(length, factor, num_prefix_tokens=0):
@@ -25,34 +27,24 @@ def pooled_length(length, factor, num_prefix_tokens=0):
     return num_prefix_tokens + (rest + factor - 1) // factor
 
 
-def split_windows(x, factor, num_prefix_tokens=0):
-    """Splits axis 1 into the prefix and zero-padded windows of `factor`.
-
-    `(B, S, ...)` -> `prefix (B, p, ...)`, `windows (B, W, r, ...)` with
-    W = ceil((S - p) / r); the last, shorter window is zero-padded. Works on
-    an unknown (symbolic) S.
-    """
-    p = num_prefix_tokens
-    prefix, rest = x[:, :p], x[:, p:]
-    length = masks_lib.shape_of(rest)[1]
-    windows = (length + factor - 1) // factor
-    if factor > 1:
-        # Pad by r - 1 and keep W r entries: the same for any S, known or
-        # not (no Python branch on a symbolic length).
-        rest = masks_lib.zero_pad(rest, 1, after=factor - 1)
-        rest = rest[:, : windows * factor]
-    shape = masks_lib.shape_of(rest)
-    return prefix, ops.reshape(rest, (shape[0], windows, factor, *shape[2:]))
-
-
 def window_sum(x, factor, num_prefix_tokens=0, axis=1):
     """Sums `x` over the windows of `axis`; prefix entries pass through.
 
-    `(..., S, ...)` -> `(..., p + ceil((S - p) / r), ...)`.
+    `(..., S, ...)` -> `(..., p + ceil((S - p) / r), ...)`: window w sums
+    entries p + w r ... p + (w + 1) r - 1, the last window zero-padded.
+    Works on an unknown (symbolic) S.
     """
+    p = num_prefix_tokens
     x = ops.moveaxis(x, axis, 1) if axis != 1 else x
-    prefix, windows = split_windows(x, factor, num_prefix_tokens)
-    out = ops.concatenate([prefix, ops.sum(windows, axis=2)], axis=1)
+    prefix, rest = x[:, :p], x[:, p:]
+    windows = (shape_of(rest)[1] + factor - 1) // factor
+    if factor > 1:
+        # Pad by r - 1 and keep W r entries: the same for any S, known or
+        # not (no Python branch on a symbolic length).
+        rest = zero_pad(rest, 1, after=factor - 1)[:, : windows * factor]
+    shape = shape_of(rest)
+    rest = ops.reshape(rest, (shape[0], windows, factor, *shape[2:]))
+    out = ops.concatenate([prefix, ops.sum(rest, axis=2)], axis=1)
     return ops.moveaxis(out, 1, axis) if axis != 1 else out
 
 
@@ -93,7 +85,7 @@ def pool_sequence(x, factor, num_prefix_tokens=0, valid=None, counts=None):
     [0.5, 2.5, 4.0]
     """
     out_dtype, dtype = x.dtype, accumulation_dtype(x.dtype)
-    length = masks_lib.shape_of(x)[1]
+    length = shape_of(x)[1]
     if counts is None:
         counts = window_counts(valid, factor, num_prefix_tokens, length)
     trailing = (1,) * (len(x.shape) - 2)
@@ -102,12 +94,12 @@ def pool_sequence(x, factor, num_prefix_tokens=0, valid=None, counts=None):
         x = x * ops.reshape(ops.cast(valid, dtype), (-1, length, *trailing))
     sums = window_sum(x, factor, num_prefix_tokens)
     safe = ops.maximum(ops.cast(counts, dtype), 1.0)
-    pooled = sums / ops.reshape(safe, (*masks_lib.shape_of(safe), *trailing))
+    pooled = sums / ops.reshape(safe, (*shape_of(safe), *trailing))
     return ops.cast(pooled, out_dtype), counts
 
 
 def pool_mask(mask, valid, factor, num_prefix_tokens=0):
-    """Mask of the pooled keys (SPEC.md section 6).
+    """Mask of the pooled keys (the rules page, "Windows").
 
     Query i sees window w when w holds at least one valid token and i may
     see every valid token of w.
@@ -133,7 +125,8 @@ def window_ends(num_keys, factor, num_prefix_tokens=0):
     full span, `p + (w + 1) r - 1` for window w (prefix token j: j).
 
     The span of a window cut short by the end of the sequence still ends
-    there, so a causal query inside it never sees it (SPEC.md section 6).
+    there, so a causal query inside it never sees it (the rules page,
+    "Causal windows").
 
     Examples:
         >>> ops.convert_to_numpy(window_ends(7, 2, 1)).tolist()
@@ -179,16 +172,3 @@ def repeat_windows(x, factor, num_prefix_tokens, length):
     p = num_prefix_tokens
     rest = ops.repeat(x[..., p:], factor, axis=-1)[..., : length - p]
     return ops.concatenate([x[..., :p], rest], axis=-1)
-
-
-def group_heads(head_factors):
-    """Heads grouped by factor, in order of first appearance.
-
-    Examples:
-        >>> group_heads([1, 2, 1, 4])
-        [(1, (0, 2)), (2, (1,)), (4, (3,))]
-    """
-    groups = {}
-    for head, factor in enumerate(head_factors):
-        groups.setdefault(factor, []).append(head)
-    return [(factor, tuple(heads)) for factor, heads in groups.items()]

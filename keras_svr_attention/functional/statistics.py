@@ -1,4 +1,5 @@
-"""Key statistics of Attention-BN (SPEC.md section 2, Eqns 22 and 26).
+"""Key statistics of Attention-BN (Eqns 22 and 26; the rules page,
+"Statistics").
 
 mu_i and sigma_i^2 are the mean and population variance of the keys that
 query i may attend to (its SVR training set), per sample and per head:
@@ -13,21 +14,12 @@ A row with no visible key gets mu = sigma^2 = 0. Statistics are computed in
 `result_type(keys.dtype, "float32")` and returned in that dtype.
 """
 
-import keras
 from keras import ops
 
 from keras_svr_attention.functional import masks as masks_lib
-
-
-def accumulation_dtype(dtype):
-    """float32 for float16/bfloat16/float32 inputs, float64 for float64.
-
-    Not `keras.backend.result_type(dtype, "float32")`: on JAX that gives
-    float32 for float64 inputs.
-    """
-    if keras.backend.standardize_dtype(dtype) == "float64":
-        return "float64"
-    return "float32"
+from keras_svr_attention.functional._tensors import accumulation_dtype
+from keras_svr_attention.functional._tensors import gather_prefix
+from keras_svr_attention.functional._tensors import shape_of
 
 
 def running_moments(keys, weights=None, with_variance=False):
@@ -44,7 +36,7 @@ def running_moments(keys, weights=None, with_variance=False):
     """
     dtype = accumulation_dtype(keys.dtype)
     keys = ops.cast(keys, dtype)
-    num_keys = masks_lib.shape_of(keys)[1]
+    num_keys = shape_of(keys)[1]
     if weights is None:
         weights = ops.ones((1, num_keys), dtype)
     weights = ops.reshape(ops.cast(weights, dtype), (-1, num_keys, 1, 1))
@@ -75,7 +67,7 @@ def key_moments(keys, mask=None, with_variance=False):
     """
     dtype = accumulation_dtype(keys.dtype)
     keys = ops.cast(keys, dtype)
-    shape = masks_lib.shape_of(keys)
+    shape = shape_of(keys)
     if mask is not None and len(mask.shape) == 3:
         mask = mask[:, None]  # (B, T, S): one mask for every head
     shift = 0.0
@@ -97,7 +89,7 @@ def key_moments(keys, mask=None, with_variance=False):
         count = ops.sum(weights, axis=1, keepdims=True)
         sums = [ops.sum(f * weights, axis=1, keepdims=True) for f in feats]
     else:
-        mask_shape = masks_lib.shape_of(mask)
+        mask_shape = shape_of(mask)
         weights = ops.broadcast_to(
             ops.cast(mask, dtype),
             (shape[0], shape[2], mask_shape[2], shape[1]),
@@ -113,29 +105,7 @@ def key_moments(keys, mask=None, with_variance=False):
     return ops.where(seen, mean + shift, 0.0), variance
 
 
-def shift_query(query, mean, beta, variance=None, epsilon=1e-5):
-    """Query of Attention-BN under the softmax kernel (Eqns 22, 26).
-
-    Terms that do not depend on key j cancel in the softmax, so
-
-    ```text
-    softmax_j((q_i - b mu_i)^T (k_j - b mu_i) / sqrt(D))
-        = softmax_j((q_i - b mu_i)^T k_j / sqrt(D))
-    ```
-
-    and with `variance` (Eqn 22, standardize) each feature d is divided by
-    s_d^2 = sigma_d^2 + epsilon. Only the query changes, so the fused
-    `keras.ops.dot_product_attention` kernel still applies. Computed in
-    float32 and returned in `query.dtype`.
-    """
-    dtype = accumulation_dtype(query.dtype)
-    shifted = ops.cast(query, dtype) - ops.cast(beta, dtype) * mean
-    if variance is not None:
-        shifted = shifted / (variance + epsilon)
-    return ops.cast(shifted, query.dtype)
-
-
-def normalize(x, mean, beta, variance=None, epsilon=1e-5):
+def normalize(x, mean, variance, beta, epsilon):
     """(x - beta mu) [/ sqrt(sigma^2 + epsilon)], in float32 (Eqns 22, 26).
 
     The form needed where the shift does not cancel (the linear kernel):
@@ -148,33 +118,43 @@ def normalize(x, mean, beta, variance=None, epsilon=1e-5):
     return out
 
 
-def recenter_query(
-    query, key, beta, mask=None, standardize=False, epsilon=1e-5
-):
+def recenter_query(query, key, beta, options, mask=None, causal=False):
     """Attention-BN's query under the softmax kernel (Eqns 22, 26).
 
-    mu_i (and sigma_i^2 with `standardize`) over the keys query i may see
-    (`key_moments`), then `shift_query`: the key-side shift cancels in the
-    softmax. Returns the query in its own dtype.
+    Terms that do not depend on key j cancel in the softmax, so
+
+    ```text
+    softmax_j((q_i - b mu_i)^T (k_j - b mu_i) / sqrt(D))
+        = softmax_j((q_i - b mu_i)^T k_j / sqrt(D))
+    ```
+
+    with mu_i (and, under `options.standardize`, sigma_i^2: each feature d
+    divided by sigma_d^2 + epsilon, Eqn 22) over the keys query i may see
+    (`key_moments`). Only the query changes, so a fused kernel still
+    applies, causal or not. Computed in float32, returned in `query.dtype`.
 
     Args:
         query: `(B, T, N, D)`. key: `(B, S, N, D)`.
         beta: float or scalar tensor b.
+        options: `SVROptions` (`standardize`, `epsilon`).
         mask: boolean `(B|1, N|1, T|1, S)` (finished), or None.
+        causal: bool. Query i also sees only keys j <= i (the kernel's
+            `is_causal`): the statistics need the mask the kernel does not.
     """
-    moments = key_moments(key, mask, with_variance=standardize)
-    mean, variance = moments if standardize else (moments, None)
-    return shift_query(query, mean, beta, variance, epsilon)
+    if causal:
+        causal = masks_lib.causal_mask(shape_of(query)[1], shape_of(key)[1])
+        mask = masks_lib.merge_masks(mask, causal[:, None])
+    moments = key_moments(key, mask, with_variance=options.standardize)
+    mean, variance = moments if options.standardize else (moments, None)
+    dtype = accumulation_dtype(query.dtype)
+    shifted = ops.cast(query, dtype) - ops.cast(beta, dtype) * mean
+    if variance is not None:
+        shifted = shifted / (variance + options.epsilon)
+    return ops.cast(shifted, query.dtype)
 
 
 def recenter_linear(
-    query,
-    key,
-    beta,
-    key_weights=None,
-    visible=None,
-    standardize=False,
-    epsilon=1e-5,
+    query, key, beta, options, key_weights=None, prefix_lengths=None
 ):
     """Attention-BN under the linear kernel: shift q and k before Phi.
 
@@ -185,51 +165,36 @@ def recenter_linear(
 
     mu over the valid keys; under causality mu_i over the keys query i sees
     and mu_(j) over the valid keys 0..j (the key's own prefix), which keeps
-    the prefix sums O(T) (SPEC.md section 6). s = 1 unless `standardize`.
+    the prefix sums O(T) (the rules page, "Linear kernel"). s = 1 unless
+    `options.standardize`.
 
     Args:
         query: `(B, T, N, D)`. key: `(B, S, N, D)`.
+        options: `SVROptions` (`standardize`, `epsilon`).
         key_weights: `(B|1, S)` 0/1 valid keys, or None.
-        visible: `(B|1, T)` int causal prefix lengths, or None (non-causal).
+        prefix_lengths: `(B|1, T)` int causal prefix lengths, or None
+            (non-causal).
 
     Returns:
         `(query, key)` in float32 (float64 for float64 inputs).
     """
-    if visible is None:
+    if prefix_lengths is None:
         moments = key_moments(
             key,
             None if key_weights is None else key_weights[:, None, None, :],
-            with_variance=standardize,
+            with_variance=options.standardize,
         )
         key_moments_ = query_moments = (
-            moments if standardize else (moments, None)
+            moments if options.standardize else (moments, None)
         )
     else:
-        running = running_moments(key, key_weights, standardize)[:-1]
+        running = running_moments(key, key_weights, options.standardize)[:-1]
         key_moments_ = tuple(running) + (None,) * (2 - len(running))
         query_moments = tuple(
-            None if m is None else gather_prefix(m, visible)
+            None if m is None else gather_prefix(m, prefix_lengths)
             for m in key_moments_
         )
     return (
-        normalize(query, query_moments[0], beta, query_moments[1], epsilon),
-        normalize(key, key_moments_[0], beta, key_moments_[1], epsilon),
+        normalize(query, *query_moments, beta, options.epsilon),
+        normalize(key, *key_moments_, beta, options.epsilon),
     )
-
-
-def gather_prefix(prefix, counts):
-    """`prefix[:, n_i - 1]` per query, zeros where `n_i = 0`.
-
-    Args:
-        prefix: `(B, S', ...)` prefix sums over keys.
-        counts: `(B|1, T)` int visible prefix lengths.
-    """
-    idx = ops.maximum(counts - 1, 0)
-    trailing = [1] * (len(prefix.shape) - 2)
-    if counts.shape[0] == 1:
-        out = ops.take(prefix, idx[0], axis=1)
-    else:
-        shape = (*masks_lib.shape_of(idx), *trailing)
-        out = ops.take_along_axis(prefix, ops.reshape(idx, shape), axis=1)
-    seen = ops.reshape(counts > 0, (*masks_lib.shape_of(counts), *trailing))
-    return ops.where(seen, out, ops.zeros_like(out))

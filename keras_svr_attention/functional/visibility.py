@@ -7,7 +7,7 @@ into `plan_head_groups`, which returns, per group of heads that share a
 pooling factor, a finished mask over that group's (pooled) keys. Kernels
 and key statistics consume those masks and never build one.
 
-The rule (SPEC.md section 6):
+The rule (the rules page, "Visibility" and "Causal windows"):
 
 ```text
 m_hij   = pad_q(i) and pad_k(j) and A_hij and pattern(i, j)
@@ -36,6 +36,7 @@ from keras import ops
 
 from keras_svr_attention.functional import masks as masks_lib
 from keras_svr_attention.functional import pooling
+from keras_svr_attention.functional._tensors import shape_of
 
 
 class HeadGroup(NamedTuple):
@@ -45,33 +46,37 @@ class HeadGroup(NamedTuple):
         factor: int. Pooling factor of this group's keys and values (1:
             unpooled; also 1 when only prefix tokens are left to pool).
         heads: tuple of int. The group's heads, in the layer's head order.
+        num_prefix_tokens: int p. Leading keys that are never pooled (the
+            rules page, "Prefix tokens").
         valid: `(B|1, S)` boolean: the unpooled keys that count in a window
             (pooled groups), or None when every key counts.
-        counts: `(B|1, S')` float32 valid tokens per pooled key, or None for
-            an unpooled group.
+        window_counts: `(B|1, S')` float32 valid tokens per pooled key, or
+            None for an unpooled group.
         mask: softmax kernel: boolean `(B|1, n|1, T|1, S')`, everything the
             group's queries may see, or None when they see every key (or,
-            with `causal_only`, the keys j <= i).
-        causal_only: bool. The only constraint is causality at offset 0:
-            `mask` is None, and the hook applies j <= i (a fused kernel as
-            `is_causal=True`, without building a mask).
+            with `causal`, the keys j <= i).
+        causal: bool. Causality at offset 0 is the only constraint left:
+            `mask` is None and the kernel applies j <= i
+            (`kernels.softmax_attention`, where a fused kernel takes
+            `is_causal=True` without building a mask).
         key_weights: linear kernel: `(B|1, S')` 0/1 valid keys, or None.
-        visible: linear kernel under causality: `(1, T)` int32 prefix
-            lengths n_i (query i sees keys 0..n_i - 1), or None.
+        prefix_lengths: linear kernel under causality: `(1, T)` int32 n_i,
+            query i sees the keys 0..n_i - 1; or None.
         query_valid: linear kernel: `(B, T)` boolean unpadded queries, or
             None. The linear kernel has no per-query mask: the padded rows'
-            outputs and scores are set to zero after it (`attend_groups`),
-            as the softmax kernel's mask gives them.
+            outputs and scores are set to zero after it
+            (`attention.svr_attention`), as the softmax kernel's mask gives.
     """
 
     factor: int
     heads: tuple
+    num_prefix_tokens: int = 0
     valid: object = None
-    counts: object = None
+    window_counts: object = None
     mask: object = None
-    causal_only: bool = False
+    causal: bool = False
     key_weights: object = None
-    visible: object = None
+    prefix_lengths: object = None
     query_valid: object = None
 
 
@@ -87,18 +92,13 @@ def attention_mask_4d(mask, num_heads, expected):
     """
     if mask is None:
         return None
-    batch, num_queries, num_keys = expected
     rank = len(mask.shape)
-    full = (batch, num_heads, num_queries, num_keys)
+    full = (expected[0], num_heads, *expected[1:])
     if rank == 2:
         mask = mask[None, None]
     elif rank == 3:
         mask = ops.expand_dims(mask, 1)
-    ok = rank in (2, 3, 4) and all(
-        d is None or e is None or d in (1, e)
-        for d, e in zip(mask.shape, full, strict=True)
-    )
-    if not ok:
+    if rank not in (2, 3, 4) or not fits(mask.shape, full, 1):
         raise ValueError(
             "`attention_mask` must broadcast to (B, N, T, S) = "
             f"{full}: rank 2 (T, S), rank 3 (B, T, S) or rank 4 (B, N, T, S)"
@@ -108,20 +108,13 @@ def attention_mask_4d(mask, num_heads, expected):
     return ops.cast(mask, "bool")
 
 
-def check_padding_mask(name, mask, batch, length, axis_name):
-    """A `(B, L)` padding mask whose known sizes match, else ValueError."""
-    if mask is None:
-        return
-    shape = tuple(mask.shape)
-    ok = len(shape) == 2 and all(
-        d is None or e is None or d == e
-        for d, e in zip(shape, (batch, length), strict=True)
+def fits(shape, expected, broadcast=None):
+    """Whether the known sizes of `shape` equal `expected`'s (or
+    `broadcast`), axis by axis; None matches anything."""
+    return len(shape) == len(expected) and all(
+        d is None or e is None or d in (e, broadcast)
+        for d, e in zip(shape, expected, strict=True)
     )
-    if not ok:
-        raise ValueError(
-            f"`{name}` must have shape (B, {axis_name}) = {(batch, length)}."
-            f" Received: {name}.shape={shape}"
-        )
 
 
 def select_heads(x, heads, num_heads, axis):
@@ -139,8 +132,7 @@ def select_heads(x, heads, num_heads, axis):
 
 
 def plan_head_groups(
-    head_factors,
-    num_prefix_tokens,
+    options,
     num_queries,
     num_keys,
     query_mask=None,
@@ -148,112 +140,116 @@ def plan_head_groups(
     attention_mask=None,
     causal=False,
     offset=0,
-    sliding_window=None,
-    sparsity=None,
-    block_size=None,
     pending=None,
-    kernel="softmax",
 ):
     """What each group of heads sees (the rule in the module docstring).
 
     Args:
-        head_factors: sequence of int >= 1, one per head.
-        num_prefix_tokens: int p. Leading keys that are never pooled.
+        options: `SVROptions`: `head_factors` (one per head),
+            `num_prefix_tokens`, `kernel`, `sliding_window`, `sparsity`
+            and `block_size`.
         num_queries: T, an int or a scalar tensor.
         num_keys: S, an int or a scalar tensor.
         query_mask: `(B, T)` query padding, or None.
         key_padding: `(B, S)` key padding (value and key masks merged), or
             None.
-        attention_mask: boolean `(B|1, N|1, T|1, S)` (`attention_mask_4d`),
-            or None.
+        attention_mask: boolean `(B|1, N|1, T|1, S)` (`attention_mask_4d`), or
+            None.
         causal: bool. Query i sees key j only when j <= offset + i.
         offset: int or int tensor. Position of query 0 (cached decoding).
-        sliding_window: int or None. Query i sees key j only when
-            |offset + i - j| < sliding_window.
-        sparsity: the name of a sparse pattern (`masks.sparse_mask`), or
-            None.
-        block_size: int. The sparse pattern's block size.
         pending: `(B|1, S)` boolean cache slots not written yet, or None.
             They count as valid keys that no current query sees, so a
             window reaching into them is incomplete, as in the full forward.
-        kernel: "softmax" or "linear". The linear kernel takes key padding
-            and causality only: `attention_mask` must be `(B|1, 1, 1, S)`.
 
     Returns:
-        A list of `HeadGroup`, one per distinct factor.
+        A list of `HeadGroup`, one per distinct factor. The linear kernel
+        takes key padding and causality only: `attention_mask` must then
+        be `(B|1, 1, 1, S)`.
 
     Examples:
-        >>> [g.factor for g in plan_head_groups([1, 2, 2, 4], 0, 6, 6)]
+        >>> from keras_svr_attention.functional.options import SVROptions
+        >>> options = SVROptions(head_factors=(1, 2, 2, 4))
+        >>> [g.factor for g in plan_head_groups(options, 6, 6)]
         [1, 2, 4]
     """
-    p = num_prefix_tokens
-    num_heads = len(head_factors)
-    groups = pooling.group_heads(head_factors)
+    p = options.num_prefix_tokens
+    groups = {}  # heads by factor, in order of first appearance
+    for head, factor in enumerate(options.head_factors):
+        groups.setdefault(factor, []).append(head)
+    groups = [(factor, tuple(heads)) for factor, heads in groups.items()]
     if isinstance(num_keys, int) and num_keys <= p:  # nothing to pool
         groups = [(1, heads) for _, heads in groups]
-    if kernel == "linear":
+    if options.kernel == "linear":
         return _plan_linear(
             groups, p, num_queries, num_keys, query_mask, key_padding,
             attention_mask, causal, offset,
         )  # fmt: skip
-    pattern = None
-    if sparsity is not None:
-        pattern = masks_lib.sparse_mask(
-            sparsity, num_queries, num_keys, block_size, offset
-        )
-    if sliding_window is not None:
-        pattern = masks_lib.merge_masks(
-            pattern,
-            masks_lib.local_window_mask(
-                num_queries, num_keys, sliding_window, offset
-            ),
-        )
     constraints = masks_lib.merge_masks(
         None if query_mask is None else query_mask[:, None, :, None],
         None if key_padding is None else key_padding[:, None, None, :],
         attention_mask,
-        None if pattern is None else pattern[:, None],
+        _pattern(options, num_queries, num_keys, offset)
+        if options.sparsity or options.sliding_window
+        else None,
     )
-    causal_keys = None
-    if causal and (constraints is not None or not _is_zero(offset)):
-        causal_keys = masks_lib.causal_mask(num_queries, num_keys, offset)
-        causal_keys = causal_keys[:, None]
+    at_zero = isinstance(offset, int) and offset == 0
     plan = []
     for factor, heads in groups:
-        mask = select_heads(constraints, heads, num_heads, axis=1)
-        if factor == 1:
-            if causal and mask is None and _is_zero(offset):
-                # Only causality: left to the hook, so that a fused kernel
-                # takes `is_causal=True` and no mask is built.
-                plan.append(HeadGroup(1, heads, causal_only=True))
-                continue
-            merged = masks_lib.merge_masks(mask, causal_keys)
-            plan.append(
-                HeadGroup(
-                    1,
-                    heads,
-                    mask=None
-                    if merged is None
-                    else _broadcast_last(merged, num_keys),
+        mask = select_heads(constraints, heads, len(options.head_factors), 1)
+        if factor == 1 and mask is None and at_zero:
+            # Only causality (or nothing): left to the kernel.
+            plan.append(HeadGroup(1, heads, p, causal=causal))
+        elif factor == 1:
+            if causal:
+                causal_keys = masks_lib.causal_mask(
+                    num_queries, num_keys, offset
                 )
+                mask = masks_lib.merge_masks(mask, causal_keys[:, None])
+            plan.append(
+                HeadGroup(1, heads, p, mask=_broadcast_last(mask, num_keys))
             )
-            continue
-        valid = pooled_mask = None
-        if mask is not None:
-            mask = _broadcast_last(mask, num_keys)
-            valid = ops.any(mask, axis=(1, 2))
-            if pending is not None:
-                valid = ops.logical_or(valid, pending)
-            pooled_mask = pooling.pool_mask(mask, valid, factor, p)
-        counts = pooling.window_counts(valid, factor, p, num_keys)
-        if causal:
-            rows = masks_lib.query_positions(num_queries, offset)
-            ends = pooling.window_ends(num_keys, factor, p)
-            pooled_mask = masks_lib.merge_masks(
-                pooled_mask, (ends[None, :] <= rows[:, None])[None, None]
+        else:
+            shapes = (num_queries, num_keys)
+            pooled = _plan_pooled(
+                factor, heads, p, mask, shapes, causal, offset, pending
             )
-        plan.append(HeadGroup(factor, heads, valid, counts, pooled_mask))
+            plan.append(pooled)
     return plan
+
+
+def _pattern(options, num_queries, num_keys, offset):
+    """The sparse pattern and the sliding window, `(1, 1, T, S)`, or None."""
+    pattern = None
+    if options.sparsity is not None:
+        pattern = masks_lib.sparse_mask(
+            options.sparsity, num_queries, num_keys, options.block_size, offset
+        )
+    if options.sliding_window is not None:
+        window = masks_lib.local_window_mask(
+            num_queries, num_keys, options.sliding_window, offset
+        )
+        pattern = masks_lib.merge_masks(pattern, window)
+    return None if pattern is None else pattern[:, None]
+
+
+def _plan_pooled(factor, heads, p, mask, shapes, causal, offset, pending):
+    """A pooled group: its valid keys, window counts and pooled mask."""
+    num_queries, num_keys = shapes
+    valid = pooled_mask = None
+    if mask is not None:
+        mask = _broadcast_last(mask, num_keys)
+        valid = ops.any(mask, axis=(1, 2))
+        if pending is not None:
+            valid = ops.logical_or(valid, pending)
+        pooled_mask = pooling.pool_mask(mask, valid, factor, p)
+    counts = pooling.window_counts(valid, factor, p, num_keys)
+    if causal:
+        rows = masks_lib.query_positions(num_queries, offset)
+        ends = pooling.window_ends(num_keys, factor, p)
+        pooled_mask = masks_lib.merge_masks(
+            pooled_mask, (ends[None, :] <= rows[:, None])[None, None]
+        )
+    return HeadGroup(factor, heads, p, valid, counts, pooled_mask)
 
 
 def _plan_linear(
@@ -277,53 +273,35 @@ def _plan_linear(
     query_valid = None if query_mask is None else ops.cast(query_mask, "bool")
     plan = []
     for factor, heads in groups:
-        counts = visible = None
+        counts = lengths = None
         weights = key_padding
         if factor > 1:
             counts = pooling.window_counts(key_padding, factor, p, num_keys)
             weights = counts > 0
         if causal:
             # Pooled keys whose full span ends at or before the query.
-            seen = ops.minimum(rows + 1, p) + ops.maximum(rows + 1 - p, 0) // (
-                factor
+            seen = ops.minimum(rows + 1, p) + (
+                ops.maximum(rows + 1 - p, 0) // factor
             )
             total = pooling.pooled_length(num_keys, factor, p)
-            visible = ops.minimum(seen, ops.cast(total, "int32"))
+            lengths = ops.minimum(seen, ops.cast(total, "int32"))
         plan.append(
             HeadGroup(
                 factor,
                 heads,
+                p,
                 key_padding,
                 counts,
                 key_weights=weights,
-                visible=visible,
+                prefix_lengths=lengths,
                 query_valid=query_valid,
             )
         )
     return plan
 
 
-def with_causal_mask(mask, query, key):
-    """`mask` AND j <= i, for heads `(B, T, n, D)` / `(B, S, n, D)`.
-
-    For `_compute_attention`'s `use_causal_mask`, the hook argument of
-    `MultiHeadAttention` (the layer itself plans causality above).
-    """
-    num_queries = masks_lib.shape_of(query)[1]
-    num_keys = masks_lib.shape_of(key)[1]
-    causal = masks_lib.causal_mask(num_queries, num_keys)
-    if mask is not None and len(mask.shape) == 4:
-        causal = causal[:, None]
-    return masks_lib.merge_masks(mask, causal)
-
-
 def _broadcast_last(mask, num_keys):
     """`(..., 1)` -> `(..., S)`; other axes keep their (maybe 1) sizes."""
-    if mask.shape[-1] is not None and mask.shape[-1] != 1:
+    if mask is None or (mask.shape[-1] is not None and mask.shape[-1] != 1):
         return mask
-    shape = masks_lib.shape_of(mask)
-    return ops.broadcast_to(mask, (*shape[:-1], num_keys))
-
-
-def _is_zero(offset):
-    return isinstance(offset, int) and offset == 0
+    return ops.broadcast_to(mask, (*shape_of(mask)[:-1], num_keys))

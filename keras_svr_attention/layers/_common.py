@@ -1,16 +1,182 @@
-"""Steps that SVRAttention and SVRGroupedQueryAttention share, around the
-functional core: input masks in, hook masks out."""
+"""What SVRAttention and SVRGroupedQueryAttention share around the
+functional core: masks in, plan, the kernel through the layer's hooks."""
 
+import keras
 from keras import ops
 
+from keras_svr_attention.functional import attention
+from keras_svr_attention.functional import masks as masks_lib
 from keras_svr_attention.functional import visibility
+from keras_svr_attention.functional._tensors import shape_of
 
 
-def consume_masks(query, value, key, query_mask, value_mask, key_mask):
-    """`(query, value, key, key_mask)` ready to project: `key` defaults to
-    `value` (its mask then ignored, as in MultiHeadAttention), and tensors
-    whose Keras masks are consumed here are copied, since a sublayer given a
-    tensor with a Keras mask attached warns that it drops it."""
+class SVRLayer:
+    """Mixin of the SVR attention layers, put before the Keras class.
+
+    The layer sets `options` (an `SVROptions`) and `_plan_options` (the
+    same, with one head factor per query head) in `__init__`, calls
+    `_build_beta` in `build`, and in `call` projects its heads and hands
+    them to `_svr_attention`. The kernel hooks, `_compute_attention` and
+    `_compute_linear_attention`, are defined here for both layers.
+    """
+
+    _HOOK_TAKES_SCORES = True  # MultiHeadAttention's hook signature
+    _SCALE = "_inverse_sqrt_key_dim"  # the attribute holding 1 / sqrt(D)
+
+    @property
+    def head_factors(self):
+        return self.options.head_factors
+
+    @property
+    def uses_bn(self):
+        """Whether queries are recentered (beta, learn_beta or standardize)."""
+        return self.options.uses_bn
+
+    def _build_beta(self):
+        if self.options.learn_beta:
+            self.beta_weight = self.add_weight(
+                name="beta",
+                shape=(),
+                initializer=keras.initializers.Constant(self.options.beta),
+                trainable=True,
+            )
+
+    def _svr_attention(
+        self, query, key, value, query_mask, key_padding, attention_mask,
+        causal, training, return_scores, offset=0, pending=None,
+        transform_key=None,
+    ):  # fmt: skip
+        """Plan, then attend through the hooks: projected heads
+        `(B, T, N, D)`, `(B, S, N, D)`, `(B, S, N, Dv)` and the masks of
+        `input_masks` -> `(output (B, T, N, Dv), scores or None)`.
+
+        The kernel is chosen once: `_compute_linear_attention`, or
+        `_compute_attention` with MultiHeadAttention's contract: the layer's
+        own hook takes causality alone as `use_causal_mask=True` (a fused
+        kernel's `is_causal`); an override gets the causal mask built
+        instead, as under MultiHeadAttention, and masks of one head as
+        `(B, T, S)`.
+        """
+        num_heads = query.shape[2]
+        if attention_mask is not None:
+            attention_mask = visibility.attention_mask_4d(
+                attention_mask,
+                num_heads,
+                (query.shape[0], query.shape[1], value.shape[1]),
+            )
+        plan = visibility.plan_head_groups(
+            self._plan_options, shape_of(query)[1], shape_of(value)[1],
+            query_mask, key_padding, attention_mask, causal, offset, pending,
+        )  # fmt: skip
+        own = type(self)._compute_attention is SVRLayer._compute_attention
+        scores = {"return_attention_scores": return_scores}
+        scores = scores if self._HOOK_TAKES_SCORES else {}
+
+        def attend(group, q, k, v):
+            if self.options.kernel == "linear":
+                return self._compute_linear_attention(
+                    q, k, v, group.key_weights, group.prefix_lengths,
+                    return_scores,
+                )  # fmt: skip
+            mask, causal = group.mask, group.causal
+            if causal and not own:
+                keys = masks_lib.causal_mask(shape_of(q)[1], shape_of(k)[1])
+                mask, causal = keys[:, None], False
+            if mask is not None and mask.shape[1] == 1:
+                mask = mask[:, 0]  # (B, T, S), as MultiHeadAttention's hook
+            causal = {"use_causal_mask": True} if causal else {}
+            return self._compute_attention(
+                q, k, v, mask, training, **scores, **causal
+            )
+
+        return attention.svr_attention(
+            query, key, value, plan, attend, return_scores, transform_key
+        )
+
+    def _compute_attention(
+        self,
+        query,
+        key,
+        value,
+        attention_mask=None,
+        training=None,
+        return_attention_scores=False,
+        use_causal_mask=False,
+    ):
+        """Softmax attention of one group of heads, with Attention-BN.
+
+        The hook of `keras.layers.MultiHeadAttention`, with its signature
+        (`GroupQueryAttention`'s takes no `return_attention_scores`: the
+        call sets `_return_attention_scores`): query `(B, T, n, D)`, key
+        `(B, S', n, D)`, value `(B, S', n, Dv)` (S' the pooled length of
+        the group), `attention_mask` the group's finished mask,
+        `(B|1, T|1, S')` or per head `(B|1, n, T|1, S')`, or None.
+        `use_causal_mask=True` also applies j <= i, as in
+        `MultiHeadAttention` (alone, a fused kernel takes it as
+        `is_causal=True`). `functional.attention.softmax_group`.
+        """
+        return_scores = return_attention_scores or getattr(
+            self, "_return_attention_scores", False
+        )
+        if self._flash_attention and return_scores:
+            raise ValueError(
+                "Returning attention scores is not supported when flash "
+                "attention is enabled. Please disable flash attention to "
+                "access attention scores."
+            )
+        dropout = None
+        if self.dropout and training:
+
+            def dropout(weights):
+                return self._dropout_layer(weights, training=training)
+
+        beta = self.beta_weight if self.options.learn_beta else None
+        return attention.softmax_group(
+            query, key, value, attention_mask, use_causal_mask, self.options,
+            beta, getattr(self, self._SCALE), dropout, return_scores,
+            self._flash_attention,
+        )  # fmt: skip
+
+    def _compute_linear_attention(
+        self,
+        query,
+        key,
+        value,
+        key_weights=None,
+        prefix_lengths=None,
+        return_attention_scores=False,
+    ):
+        """Linear attention of one group of heads, with Attention-BN.
+
+        The counterpart of `_compute_attention` for `kernel="linear"`:
+        query `(B, T, n, D)`, key `(B, S', n, D)`, value `(B, S', n, Dv)`;
+        `key_weights` `(B|1, S')` marks valid keys and `prefix_lengths`
+        `(B|1, T)` holds the causal prefix lengths (None when not causal).
+        `functional.attention.linear_group`.
+        """
+        group = visibility.HeadGroup(
+            1, (), key_weights=key_weights, prefix_lengths=prefix_lengths
+        )
+        beta = self.beta_weight if self.options.learn_beta else None
+        return attention.linear_group(
+            query, key, value, group, self.options, beta,
+            return_attention_scores,
+        )  # fmt: skip
+
+
+def input_masks(
+    query, value, key, query_mask, value_mask, key_mask, use_keras_masks=True
+):
+    """`(query, value, key, query_mask, key_padding)` ready to project.
+
+    `key` defaults to `value` (its mask then ignored, as in
+    MultiHeadAttention). Tensors whose Keras masks are consumed here are
+    copied, since a sublayer given a tensor with a Keras mask attached
+    warns that it drops it. The `(B, T)` query padding is checked, and the
+    `(B, S)` value and key padding checked and merged (None without masks
+    or without `use_keras_masks`). Raises a ValueError naming the mask
+    whose known sizes do not fit.
+    """
     key_is_value = key is None or key is value
     key = value if key is None else key
     key_mask = None if key_is_value else key_mask
@@ -19,50 +185,21 @@ def consume_masks(query, value, key, query_mask, value_mask, key_mask):
     if value_mask is not None or key_mask is not None:
         value = ops.copy(value)
         key = value if key_is_value else ops.copy(key)
-    return query, value, key, key_mask
-
-
-def group_hook_mask(group, query, key, fast):
-    """The mask a head group's softmax hook receives.
-
-    `fast` (the layer's own hook, causality alone): None, with
-    `use_causal_mask=True` passed beside it so that a fused kernel takes
-    `is_causal=True`, as MultiHeadAttention's causal fast path. Otherwise
-    the finished mask (overrides, the older signature too, get the causal
-    mask built, as under MultiHeadAttention).
-    """
-    if fast:
-        return None
-    if group.causal_only:
-        return visibility.with_causal_mask(None, query, key)
-    return group.mask
-
-
-def hook_causal_mask(attention_mask, use_causal_mask, query, key):
-    """The hooks' `use_causal_mask`, as MultiHeadAttention's: also applies
-    j <= i on top of `attention_mask`. Returns `(mask, causal_only)`;
-    alone, causality is left to the kernel (`causal_only`)."""
-    causal_only = use_causal_mask and attention_mask is None
-    if use_causal_mask and attention_mask is not None:
-        attention_mask = visibility.with_causal_mask(attention_mask, query, key)
-    return attention_mask, causal_only
-
-
-def beta_value(layer):
-    """b of Eqn 26: the learned scalar (float32) or `options.beta` (0 when
-    off)."""
-    if layer.options.learn_beta:
-        return ops.cast(layer.beta_weight, "float32")
-    return layer.options.beta or 0.0
-
-
-def dropout_fn(layer, rate, training):
-    """Dropout on attention weights through the layer's own Dropout, or
-    None when off."""
-    if not rate or not training:
-        return None
-
-    def dropout(weights):
-        return layer._dropout_layer(weights, training=training)
-
-    return dropout
+    if not use_keras_masks:
+        return query, value, key, None, None
+    (batch, num_queries), num_keys = query.shape[:2], value.shape[1]
+    for name, mask, length, axis_name in (
+        ("query_mask", query_mask, num_queries, "T"),
+        ("value_mask", value_mask, num_keys, "S"),
+        ("key_mask", key_mask, num_keys, "S"),
+    ):
+        if mask is None:
+            continue
+        if not visibility.fits(mask.shape, (batch, length)):
+            raise ValueError(
+                f"`{name}` must have shape (B, {axis_name}) = "
+                f"{(batch, length)}. Received: {name}.shape="
+                f"{tuple(mask.shape)}"
+            )
+    key_padding = masks_lib.merge_masks(value_mask, key_mask)
+    return query, value, key, query_mask, key_padding

@@ -4,15 +4,14 @@ import keras
 from keras import ops
 
 from keras_svr_attention.api_export import svr_export
-from keras_svr_attention.functional import attention
-from keras_svr_attention.functional import masks as masks_lib
-from keras_svr_attention.functional import visibility
+from keras_svr_attention.functional import options as options_lib
 from keras_svr_attention.layers import _common as common
-from keras_svr_attention.layers import _validation as check
 
 
 @svr_export
-class SVRGroupedQueryAttention(keras.layers.GroupQueryAttention):
+class SVRGroupedQueryAttention(
+    common.SVRLayer, keras.layers.GroupQueryAttention
+):
     """Grouped-query attention with Attention-BN and Attention-SH.
 
     A drop-in for `keras.layers.GroupQueryAttention`: the same constructor
@@ -30,10 +29,11 @@ class SVRGroupedQueryAttention(keras.layers.GroupQueryAttention):
       Eqn 22 with standardize).
     ```
 
-    Masks, causality and windows follow `SVRAttention`'s rule (SPEC.md
-    section 6): under `use_causal_mask` a pooled window is seen only by
-    queries at or after the end of its span. The computation is
-    `keras_svr_attention.svr_dot_product_attention`'s.
+    Masks, causality and windows follow `SVRAttention`'s rule (the rules
+    page, "Visibility" and "Causal windows"): under `use_causal_mask` a
+    pooled window is seen only by queries at or after the end of its span.
+    The forward is `SVRAttention`'s: K/V repeated to the query heads, then
+    the same plan and kernels (the rules page, "Grouped-query attention").
 
     `head_dim`, `num_query_heads`, `num_key_value_heads`, `dropout`,
     `use_bias`, `sliding_window`, `flash_attention`, `use_gate` and the
@@ -58,23 +58,17 @@ class SVRGroupedQueryAttention(keras.layers.GroupQueryAttention):
         (2, 10, 16)
     """
 
-    def __init__(
-        self,
-        head_dim,
-        num_query_heads,
-        num_key_value_heads,
-        beta=None,
-        standardize=False,
-        learn_beta=False,
-        epsilon=1e-5,
-        head_factors=None,
-        num_prefix_tokens=0,
-        kernel="softmax",
-        **kwargs,
-    ):
-        check.positive_int("num_query_heads", num_query_heads)
-        check.positive_int("num_key_value_heads", num_key_value_heads)
-        check.positive_int("head_dim", head_dim)
+    _HOOK_TAKES_SCORES = False  # GroupQueryAttention's hook signature
+    _SCALE = "_inverse_sqrt_head_dim"
+
+    def __init__(self, head_dim, num_query_heads, num_key_value_heads, **kw):
+        core = {k: kw.pop(k) for k in options_lib.CORE_OPTIONS if k in kw}
+        for name, value in (
+            ("num_query_heads", num_query_heads),
+            ("num_key_value_heads", num_key_value_heads),
+            ("head_dim", head_dim),
+        ):
+            options_lib.positive_int(name, value)
         if num_query_heads % num_key_value_heads:
             raise ValueError(
                 "`num_query_heads` must be divisible by `num_key_value_heads`"
@@ -82,33 +76,19 @@ class SVRGroupedQueryAttention(keras.layers.GroupQueryAttention):
                 f"num_key_value_heads={num_key_value_heads}"
             )
         super().__init__(
-            int(head_dim), int(num_query_heads), int(num_key_value_heads),
-            **kwargs,
-        )  # fmt: skip
-        self.options = check.svr_core_options(
-            beta,
-            standardize,
-            learn_beta,
-            epsilon,
-            head_factors,
-            self.num_key_value_heads,
-            num_prefix_tokens,
-            kernel,
-            heads_name="num_key_value_heads",
+            int(head_dim), int(num_query_heads), int(num_key_value_heads), **kw
         )
-
-    @property
-    def head_factors(self):
-        return self.options.head_factors
+        self.options = options_lib.svr_options(
+            self.num_key_value_heads,
+            **core,
+            heads_name="num_key_value_heads",
+            sliding_window=self.sliding_window,
+        )
+        self._plan_options = self.options.per_query_head(self.num_repeats)
 
     def build(self, query_shape, value_shape, key_shape=None):
         super().build(query_shape, value_shape, key_shape)
-        if self.options.learn_beta:
-            self.beta_weight = self.add_weight(
-                name="beta",
-                shape=(),
-                initializer=keras.initializers.Constant(self.options.beta),
-            )
+        self._build_beta()
 
     def call(
         self,
@@ -124,119 +104,25 @@ class SVRGroupedQueryAttention(keras.layers.GroupQueryAttention):
         use_causal_mask=False,
     ):
         self._return_attention_scores = return_attention_scores
-        query, value, key, key_mask = common.consume_masks(
+        query, value, key, query_mask, key_padding = common.input_masks(
             query, value, key, query_mask, value_mask, key_mask
         )
         gate = self._gate_dense(query) if self.use_gate else None
         query = self._query_dense(query)
         key = ops.repeat(self._key_dense(key), self.num_repeats, axis=2)
         value = ops.repeat(self._value_dense(value), self.num_repeats, axis=2)
-        num_queries = masks_lib.shape_of(query)[1]
-        num_keys = masks_lib.shape_of(value)[1]
-        plan = visibility.plan_head_groups(
-            tuple(
-                f
-                for f in self.options.head_factors
-                for _ in range(self.num_repeats)
-            ),
-            self.options.num_prefix_tokens,
-            num_queries,
-            num_keys,
-            query_mask=query_mask,
-            key_padding=masks_lib.merge_masks(value_mask, key_mask),
-            attention_mask=visibility.attention_mask_4d(
-                attention_mask,
-                self.num_query_heads,
-                (query.shape[0], query.shape[1], value.shape[1]),
-            ),
-            causal=use_causal_mask,
-            sliding_window=self.sliding_window,
-            kernel=self.options.kernel,
-        )
-        output, scores = attention.attend_groups(
-            query,
-            key,
-            value,
-            plan,
-            lambda *group: self._attend_group(*group, training),
-            self.options.num_prefix_tokens,
-            return_attention_scores,
-        )
+        output, scores = self._svr_attention(
+            query, key, value, query_mask, key_padding, attention_mask,
+            use_causal_mask, training, return_attention_scores,
+        )  # fmt: skip
         if gate is not None:
             output = ops.multiply(output, gate)
         output = self._output_dense(output)
         return (output, scores) if return_attention_scores else output
 
-    def _attend_group(self, group, query, key, value, training):
-        if self.options.kernel == "linear":
-            return attention.linear_group(
-                query,
-                key,
-                value,
-                group.key_weights,
-                group.visible,
-                common.beta_value(self),
-                self.options.standardize,
-                self.options.epsilon,
-                self._return_attention_scores,
-            )
-        fast = (
-            group.causal_only
-            and type(self)._compute_attention
-            is SVRGroupedQueryAttention._compute_attention
-        )
-        mask = common.group_hook_mask(group, query, key, fast)
-        return self._compute_attention(
-            query,
-            key,
-            value,
-            attention_mask=mask,
-            training=training,
-            **({"use_causal_mask": True} if fast else {}),
-        )
-
-    def _compute_attention(
-        self,
-        query,
-        key,
-        value,
-        attention_mask=None,
-        training=None,
-        use_causal_mask=False,
-    ):
-        """`GroupQueryAttention`'s hook, with Attention-BN: query
-        `(B, T, n, H)`, key and value `(B, S', n, H)` of one head group
-        (K/V already repeated to the query heads, keys pooled)."""
-        if self._flash_attention and self._return_attention_scores:
-            raise ValueError(
-                "Returning attention scores is not supported when flash "
-                "attention is enabled. Please disable flash attention to "
-                "access attention scores."
-            )
-        attention_mask, causal_only = common.hook_causal_mask(
-            attention_mask, use_causal_mask, query, key
-        )
-        return attention.softmax_group(
-            query,
-            key,
-            value,
-            attention_mask,
-            causal_only,
-            beta=common.beta_value(self),
-            standardize=self.options.standardize,
-            epsilon=self.options.epsilon,
-            scale=self._inverse_sqrt_head_dim,
-            dropout=common.dropout_fn(self, self.dropout, training),
-            return_scores=self._return_attention_scores,
-            flash_attention=self._flash_attention,
-        )
-
     def get_config(self):
+        config = self.options.get_config()
         return {
             **super().get_config(),
-            **{
-                name: value
-                for name, value in self.options.get_config().items()
-                if name in check.CORE_OPTIONS
-            },
+            **{name: config[name] for name in options_lib.CORE_OPTIONS},
         }

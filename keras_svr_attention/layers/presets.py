@@ -7,7 +7,7 @@ from keras_svr_attention.layers.svr_attention import SVRAttention
 
 
 def default_head_factors(num_heads):
-    """r_h = 2^(h // 2): 1, 1, 2, 2, 4, 4, 8, 8 for eight heads (SPEC 6).
+    """r_h = 2^(h // 2): 1, 1, 2, 2, 4, 4, 8, 8 for eight heads.
 
     None when `num_heads` is not an integer (Python or NumPy): the layer's
     own check then names it.
@@ -85,14 +85,14 @@ class AttentionBNSH(SVRAttention):
 
 @svr_export
 class LinearAttention(SVRAttention):
-    """Linear attention, Phi(x) = elu(x) + 1 (SPEC.md section 1).
+    """Linear attention, Phi(x) = elu(x) + 1 (Katharopoulos et al. 2020).
 
     ```text
     h_i = Phi(q_i)^T sum_j Phi(k_j) v_j^T / Phi(q_i)^T sum_j Phi(k_j)
     ```
 
     `SVRAttention(kernel="linear")`; add `beta` / `head_factors` for the
-    linear Attention-BN / -SH / -BN+SH of SPEC.md section 4.
+    linear Attention-BN / -SH / -BN+SH of the paper (Section 4).
 
     Example:
     ```python

@@ -5,16 +5,14 @@ import numpy as np
 from keras import ops
 
 from keras_svr_attention.api_export import svr_export
-from keras_svr_attention.functional import attention
 from keras_svr_attention.functional import conv
-from keras_svr_attention.functional import masks as masks_lib
-from keras_svr_attention.functional import visibility
+from keras_svr_attention.functional._tensors import shape_of
 from keras_svr_attention.layers import _common as common
 from keras_svr_attention.layers import _validation as check
 
 
 @svr_export
-class SVRAttention(keras.layers.MultiHeadAttention):
+class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
     """Multi-head attention with the options of the primal-dual framework.
 
     Each head evaluates a support vector expansion at the queries. With every
@@ -40,7 +38,8 @@ class SVRAttention(keras.layers.MultiHeadAttention):
     - `r_s` is `head_factors[s]`; the first `num_prefix_tokens` keys are
       never pooled.
 
-    Relation to the paper (SPEC.md sections 2, 3, 6): mu is taken over the
+    Relation to the paper (the rules page: "Statistics", "Visibility",
+    "Windows"): mu is taken over the
     keys a query may see (padding left out; under a causal mask mu_i is the
     mean of k_1..k_i). SH windows have stride = size = r, the last one
     shorter; padded tokens are left out of each average; a query sees a
@@ -159,7 +158,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             for autoregressive decoding (softmax and linear kernels). SH
             heads pool the cached keys; a window that reaches past the new
             tokens is not seen yet, so decoding token by token gives what
-            the full causal forward gives.
+            the full causal forward gives (the rules page, "Caches").
         cache_update_index: int or int tensor, or None. Where the new keys
             and values are written into `cache`; None reads it unchanged.
 
@@ -206,27 +205,13 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         **kwargs,
     ):
         dropout, self.options = check.attention_options(
-            num_heads=num_heads,
-            key_dim=key_dim,
-            value_dim=value_dim,
-            dropout=dropout,
-            attention_axes=attention_axes,
-            flash_attention=flash_attention,
-            sliding_window=sliding_window,
-            use_gate=use_gate,
-            beta=beta,
-            standardize=standardize,
-            learn_beta=learn_beta,
-            epsilon=epsilon,
-            head_factors=head_factors,
-            num_prefix_tokens=num_prefix_tokens,
+            num_heads, key_dim, value_dim, dropout, attention_axes,
+            flash_attention, sliding_window, use_gate, sparsity, block_size,
+            conv_kernel_size, conv_grid, use_keras_masks, beta=beta,
+            standardize=standardize, learn_beta=learn_beta, epsilon=epsilon,
+            head_factors=head_factors, num_prefix_tokens=num_prefix_tokens,
             kernel=kernel,
-            sparsity=sparsity,
-            block_size=block_size,
-            conv_kernel_size=conv_kernel_size,
-            conv_grid=conv_grid,
-            use_keras_masks=use_keras_masks,
-        )
+        )  # fmt: skip
         newer = {}
         if self.options.use_gate:  # keras_supports("use_gate") was checked
             newer["use_gate"] = True
@@ -245,6 +230,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         # MultiHeadAttention's own attributes, read by its build and config
         # (the sliding window mask is built here on every Keras).
         self._use_gate = self.options.use_gate
+        self._plan_options = self.options
         self._sliding_window = self.options.sliding_window
         if self.options.flash_attention is False:
             # MultiHeadAttention keeps `False or <global setting>` (None):
@@ -256,17 +242,8 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         return self.options.beta
 
     @property
-    def head_factors(self):
-        return self.options.head_factors
-
-    @property
     def num_prefix_tokens(self):
         return self.options.num_prefix_tokens
-
-    @property
-    def uses_bn(self):
-        """Whether queries are recentered (beta, learn_beta or standardize)."""
-        return self.options.uses_bn
 
     def build(self, query_shape, value_shape, key_shape=None):
         key_shape = value_shape if key_shape is None else key_shape
@@ -306,13 +283,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 )
                 for name in ("query_conv", "key_conv")
             )
-        if self.options.learn_beta:
-            self.beta_weight = self.add_weight(
-                name="beta",
-                shape=(),
-                initializer=keras.initializers.Constant(self.options.beta),
-                trainable=True,
-            )
+        self._build_beta()
 
     def _check_prefix(self, length):
         if length is not None and self.options.num_prefix_tokens > length:
@@ -346,24 +317,19 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 f"in effect {self._flash_attention!r} (None follows "
                 "keras.config.enable_flash_attention())"
             )
-        query, value, key, key_mask = common.consume_masks(
-            query, value, key, query_mask, value_mask, key_mask
-        )
-        if not self.options.use_keras_masks:
-            query_mask = value_mask = key_mask = None
-        num_queries = masks_lib.shape_of(query)[1]
-        static = (query.shape[0], query.shape[1], value.shape[1])
-        visibility.check_padding_mask(
-            "query_mask", query_mask, static[0], static[1], "T"
-        )
-        for name, mask in (("value_mask", value_mask), ("key_mask", key_mask)):
-            visibility.check_padding_mask(name, mask, static[0], static[2], "S")
-        key_padding = masks_lib.merge_masks(value_mask, key_mask)
-
+        query, value, key, query_mask, key_padding = common.input_masks(
+            query, value, key, query_mask, value_mask, key_mask,
+            self.options.use_keras_masks,
+        )  # fmt: skip
         gate = self._gate_dense(query) if self._use_gate else None
-        query = self._convolve(
-            self._query_dense(query), "query", use_causal_mask
-        )
+        query = self._query_dense(query)
+        transform_key = None
+        if self.options.conv_kernel_size:
+            query = self._convolve(query, self.query_conv, use_causal_mask)
+
+            def transform_key(key):
+                return self._convolve(key, self.key_conv, use_causal_mask)
+
         offset, pending = 0, None
         if cache is None:
             if cache_update_index is not None:
@@ -371,58 +337,24 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                     "`cache_update_index` needs a `cache`. Received: "
                     f"cache=None, cache_update_index={cache_update_index!r}"
                 )
-            key = self._key_dense(key)
-            value = self._value_dense(value)
+            key, value = self._key_dense(key), self._value_dense(value)
         else:
-            key, value, cache, key_padding, pending = self._use_cache(
+            key, value, cache, key_padding, pending, offset = self._cached(
                 cache, cache_update_index, key, value, key_padding
             )
-            offset = 0 if cache_update_index is None else cache_update_index
-        num_keys = masks_lib.shape_of(value)[1]
-        self._check_prefix(value.shape[1])
-        plan = visibility.plan_head_groups(
-            self.options.head_factors,
-            self.options.num_prefix_tokens,
-            num_queries,
-            num_keys,
-            query_mask=query_mask,
-            key_padding=key_padding,
-            attention_mask=visibility.attention_mask_4d(
-                attention_mask,
-                self._num_heads,
-                (static[0], static[1], value.shape[1]),
-            ),
-            causal=use_causal_mask,
-            offset=offset,
-            sliding_window=self._sliding_window,
-            sparsity=self.options.sparsity,
-            block_size=self.options.block_size,
-            pending=pending,
-            kernel=self.options.kernel,
-        )
-        output, scores = attention.attend_groups(
-            query,
-            key,
-            value,
-            plan,
-            lambda *group: self._attend_group(
-                *group, training, return_attention_scores
-            ),
-            self.options.num_prefix_tokens,
-            return_attention_scores,
-            transform_key=lambda k: self._convolve(k, "key", use_causal_mask),
-        )
+        output, scores = self._svr_attention(
+            query, key, value, query_mask, key_padding, attention_mask,
+            use_causal_mask, training, return_attention_scores, offset,
+            pending, transform_key,
+        )  # fmt: skip
         if gate is not None:
             output = ops.multiply(output, gate)
         output = self._output_dense(output)
-        results = (output,)
-        if return_attention_scores:
-            results += (scores,)
-        if cache is not None:
-            results += (cache,)
+        results = (output,) + (scores,) * bool(return_attention_scores)
+        results += (cache,) * (cache is not None)
         return results[0] if len(results) == 1 else results
 
-    def _use_cache(self, cache, index, key, value, key_padding):
+    def _cached(self, cache, index, key, value, key_padding):
         """KerasHub's `CachedMultiHeadAttention` contract.
 
         `cache` `(B, 2, S, N, D)` holds projected keys and values per
@@ -430,8 +362,9 @@ class SVRAttention(keras.layers.MultiHeadAttention):
         written at `index` (query t stands at position `index + t`);
         without, the cache is read as is. Returns the keys, values, cache,
         the key padding over the cache's slots (the new tokens' padding
-        written at `index`, earlier slots valid) and the `(1, S)` pending
-        slots (positions after the new tokens), or None without `index`.
+        written at `index`, earlier slots valid), the `(1, S)` pending
+        slots (positions after the new tokens), or None without `index`,
+        and the position of query 0 (`index`, or 0).
         """
         if self.options.conv_kernel_size:
             raise ValueError(
@@ -440,6 +373,7 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 f"conv_kernel_size={self.options.conv_kernel_size!r}"
             )
         key_cache, value_cache = cache[:, 0], cache[:, 1]
+        self._check_prefix(key_cache.shape[1])
         if index is None:
             if key_padding is not None:
                 raise ValueError(
@@ -447,13 +381,13 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                     "they pad the new tokens written there. Give the padding "
                     "of cached positions in `attention_mask`."
                 )
-            return key_cache, value_cache, cache, None, None
+            return key_cache, value_cache, cache, None, None, 0
         start = [0, index, 0, 0]
-        num_new = masks_lib.shape_of(key)[1]
+        num_new = shape_of(key)[1]
         key = ops.slice_update(key_cache, start, self._key_dense(key))
         value = ops.slice_update(value_cache, start, self._value_dense(value))
         cache = ops.stack((key, value), axis=1)
-        batch, num_keys = masks_lib.shape_of(key)[:2]
+        batch, num_keys = shape_of(key)[:2]
         positions = ops.arange(num_keys, dtype="int32")[None]
         index = ops.cast(index, "int32")
         pending = positions >= index + num_new
@@ -463,45 +397,10 @@ class SVRAttention(keras.layers.MultiHeadAttention):
                 slots, [0, index], ops.cast(key_padding, "int32")
             )
             key_padding = ops.cast(key_padding, "bool")
-        return key, value, cache, key_padding, pending
+        return key, value, cache, key_padding, pending, index
 
-    def _attend_group(self, group, query, key, value, training, scores):
-        """One head group, through the kernel hooks."""
-        if self.options.kernel == "linear":
-            return self._compute_linear_attention(
-                query,
-                key,
-                value,
-                key_weights=group.key_weights,
-                visible=group.visible,
-                return_attention_scores=scores,
-            )
-        # MultiHeadAttention's causal fast path, for our own hook only: no
-        # mask and `use_causal_mask=True`, so that a fused kernel may take
-        # `is_causal=True`. Overrides (the older signature too) get the
-        # finished mask, as under MultiHeadAttention.
-        fast = (
-            group.causal_only
-            and type(self)._compute_attention is SVRAttention._compute_attention
-        )
-        mask = common.group_hook_mask(group, query, key, fast)
-        if mask is not None and mask.shape[1] == 1:
-            mask = mask[:, 0]  # (B, T, S), as MultiHeadAttention's hook
-        return self._compute_attention(
-            query,
-            key,
-            value,
-            mask,
-            training,
-            scores,
-            **({"use_causal_mask": True} if fast else {}),
-        )
-
-    def _convolve(self, x, which, causal):
-        """Attention-Conv1D/2D: the shared depth-wise kernel on q or k."""
-        if not self.options.conv_kernel_size:
-            return x
-        kernel = self.query_conv if which == "query" else self.key_conv
+    def _convolve(self, x, kernel, causal):
+        """Attention-Conv1D/2D: the shared depth-wise `kernel` on q or k."""
         kernel = ops.cast(kernel, x.dtype)
         if self.options.conv_grid is None:
             return conv.conv_sequence(
@@ -515,78 +414,6 @@ class SVRAttention(keras.layers.MultiHeadAttention):
             )
         return conv.conv_grid(
             x, kernel, self.options.conv_grid, self.options.num_prefix_tokens
-        )
-
-    def _compute_attention(
-        self,
-        query,
-        key,
-        value,
-        attention_mask=None,
-        training=None,
-        return_attention_scores=False,
-        use_causal_mask=False,
-    ):
-        """Softmax attention of one group of heads, with Attention-BN.
-
-        The hook and signature of `keras.layers.MultiHeadAttention`: query
-        `(B, T, n, D)`, key `(B, S', n, D)`, value `(B, S', n, Dv)` (S' the
-        pooled length of the group), `attention_mask` the group's finished
-        mask, `(B|1, T|1, S')` or per head `(B|1, n, T|1, S')`, or None.
-        `use_causal_mask=True` also applies the causal mask j <= i, as in
-        `MultiHeadAttention` (the layer passes it only with no mask: the
-        fused kernel then takes `is_causal=True`). Recenters the query
-        (`statistics.recenter_query`), then `kernels.softmax_attention`.
-        """
-        # As MultiHeadAttention's hook: `use_causal_mask` also applies the
-        # causal mask, on top of `attention_mask`; alone, the fused kernel
-        # may take `is_causal=True` instead of building it.
-        attention_mask, causal_only = common.hook_causal_mask(
-            attention_mask, use_causal_mask, query, key
-        )
-        return attention.softmax_group(
-            query,
-            key,
-            value,
-            attention_mask,
-            causal_only,
-            beta=common.beta_value(self),
-            standardize=self.options.standardize,
-            epsilon=self.options.epsilon,
-            scale=self._inverse_sqrt_key_dim,
-            dropout=common.dropout_fn(self, self._dropout, training),
-            return_scores=return_attention_scores,
-            flash_attention=self._flash_attention,
-        )
-
-    def _compute_linear_attention(
-        self,
-        query,
-        key,
-        value,
-        key_weights=None,
-        visible=None,
-        return_attention_scores=False,
-    ):
-        """Linear attention of one group of heads, with Attention-BN.
-
-        The counterpart of `_compute_attention` for `kernel="linear"`:
-        query `(B, T, n, D)`, key `(B, S', n, D)`, value `(B, S', n, Dv)`;
-        `key_weights` `(B|1, S')` marks valid keys and `visible` `(B|1, T)`
-        holds the causal prefix lengths (None when not causal). Shifts q
-        and k (`statistics.recenter_linear`), then
-        `kernels.linear_attention`.
-        """
-        return attention.linear_group(
-            query,
-            key,
-            value,
-            key_weights,
-            visible,
-            beta=common.beta_value(self),
-            standardize=self.options.standardize,
-            epsilon=self.options.epsilon,
-            return_scores=return_attention_scores,
         )
 
     def compute_output_spec(

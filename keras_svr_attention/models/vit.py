@@ -8,7 +8,7 @@ from keras_svr_attention.models.layers import PositionEmbedding
 from keras_svr_attention.models.layers import SelectToken
 
 VIT_PRESETS = {
-    # DeiT-tiny as the paper ran it (SPEC.md sections 3 and 5).
+    # DeiT-tiny as the paper ran it (its Sections 3 and 5).
     "deit-tiny": dict(
         patch_size=16,
         width=192,

@@ -5,7 +5,7 @@ Keras floor), each against what public API says it must give."""
 import keras
 import numpy as np
 
-from keras_svr_attention import _keras_internals as internals
+from keras_svr_attention.convert import _keras_internals as internals
 
 
 def _model():

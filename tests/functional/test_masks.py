@@ -27,14 +27,3 @@ def test_merge_masks_is_none_tolerant_and():
     assert masks.merge_masks(None, None) is None
     got = ops.convert_to_numpy(masks.merge_masks(a, None, b))
     np.testing.assert_array_equal(got, a & b)
-
-
-@pytest.mark.parametrize(
-    "axis, before, after", [(1, 0, 2), (1, 3, 0), (2, 1, 1), (0, 0, 0)]
-)
-def test_zero_pad_matches_numpy_pad(axis, before, after):
-    x = np.random.default_rng(0).normal(size=(2, 3, 4)).astype("float32")
-    widths = [(0, 0)] * 3
-    widths[axis] = (before, after)
-    got = masks.zero_pad(ops.convert_to_tensor(x), axis, before, after)
-    np.testing.assert_array_equal(ops.convert_to_numpy(got), np.pad(x, widths))

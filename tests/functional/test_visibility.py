@@ -5,6 +5,7 @@ import pytest
 from keras import ops
 
 from keras_svr_attention.functional import visibility
+from keras_svr_attention.functional.options import SVROptions
 from tests import numpy_reference as ref
 
 PLAN_CASES = [
@@ -46,9 +47,11 @@ def test_plan_head_groups_matches_numpy_visibility(
         full &= attention_mask
     if query_mask is not None:
         full &= query_mask[:, None, :, None]
+    options = SVROptions(
+        head_factors=factors, num_prefix_tokens=prefix, kernel=kernel
+    )
     plan = visibility.plan_head_groups(
-        factors,
-        prefix,
+        options,
         num_queries,
         num_keys,
         query_mask=query_mask,
@@ -57,7 +60,6 @@ def test_plan_head_groups_matches_numpy_visibility(
             attention_mask, 5, (2, num_queries, num_keys)
         ),
         causal=causal,
-        kernel=kernel,
     )
     assert [g.heads for g in plan] == [(0, 4), (1, 3), (2,)]
     nothing_to_pool = num_keys <= prefix
@@ -70,7 +72,7 @@ def test_plan_head_groups_matches_numpy_visibility(
             shape = want.shape
             if kernel == "softmax":
                 got = np.ones(shape, bool)
-                if group.causal_only:
+                if group.causal:
                     got &= ref.causal(num_queries, shape[2])[None]
                 if group.mask is not None:
                     mask = ops.convert_to_numpy(group.mask)
@@ -81,8 +83,8 @@ def test_plan_head_groups_matches_numpy_visibility(
                 if group.key_weights is not None:
                     weights = ops.convert_to_numpy(group.key_weights) > 0
                 got = np.broadcast_to(weights[:, None, :], shape).copy()
-                if group.visible is not None:
-                    seen = ops.convert_to_numpy(group.visible)
+                if group.prefix_lengths is not None:
+                    seen = ops.convert_to_numpy(group.prefix_lengths)
                     got &= np.arange(shape[2])[None, None] < seen[:, :, None]
                 rows = np.ones((2, num_queries), bool)
                 if query_mask is not None:

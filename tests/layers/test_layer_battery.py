@@ -38,6 +38,24 @@ LAYERS = {
     "sparse+bn": lambda: ksa.SparseAttention(
         num_heads=4, key_dim=3, beta=0.5, sparsity="fixed", block_size=3
     ),
+    "gqa+bn+sh": lambda: ksa.SVRGroupedQueryAttention(
+        head_dim=3,
+        num_query_heads=4,
+        num_key_value_heads=2,
+        beta=1.0,
+        learn_beta=True,
+        head_factors=[1, 2],
+        num_prefix_tokens=1,
+        dropout=0.1,
+    ),
+    "gqa+linear+bn": lambda: ksa.SVRGroupedQueryAttention(
+        head_dim=3,
+        num_query_heads=4,
+        num_key_value_heads=2,
+        beta=0.5,
+        head_factors=[3, 1],
+        kernel="linear",
+    ),
 }
 
 

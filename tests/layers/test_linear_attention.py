@@ -73,8 +73,8 @@ def test_linear_kernel_equals_dense_formula(causal):
     q, k, v = (
         rng.normal(size=(2, 6, 3, 4)).astype("float32") for _ in range(3)
     )
-    counts = np.arange(1, 7, dtype="int32")[None] if causal else None
-    out, _ = kernels.linear_attention(q, k, v, counts=counts)
+    lengths = np.arange(1, 7, dtype="int32")[None] if causal else None
+    out, _ = kernels.linear_attention(q, k, v, prefix_lengths=lengths)
     phi = np.where(q > 0, q + 1, np.exp(q)), np.where(k > 0, k + 1, np.exp(k))
     sim = np.einsum("btnd,bsnd->bnts", *phi)
     if causal:

@@ -25,6 +25,7 @@ from tests.testing import make_inputs
 from tests.testing import random_weights
 from tests.testing import reference
 from tests.testing import slow_on_jax
+from tests.testing import svr_layer
 from tests.testing import value_and_grad
 
 FEATURES = 8
@@ -168,27 +169,28 @@ EXAMPLES = int(os.environ.get("SVR_FUZZ_EXAMPLES", 40))
     suppress_health_check=[HealthCheck.too_slow],
 )
 @given(
+    kind=st.sampled_from(["svr", "gqa"]),
     mode=st.sampled_from(list(MODES)),
     kernel=st.sampled_from(["softmax", "linear"]),
-    kind=st.sampled_from(MASK_KINDS),
+    masks=st.sampled_from(MASK_KINDS),
     dtype=st.sampled_from(["float32", "float16", "bfloat16"]),
     length=st.sampled_from([1, 4, 9]),
     scale=st.sampled_from([1e-4, 1.0, 100.0]),
 )
 def test_outputs_and_gradients_finite_and_blind_rows_zero(
-    mode, kernel, kind, dtype, length, scale
+    kind, mode, kernel, masks, dtype, length, scale
 ):
+    """Both layers (`kind`: SVRAttention or grouped-query attention)."""
     rng = np.random.default_rng(length)
     x = (rng.normal(size=(2, length, FEATURES)) * scale).astype("float32")
-    kwargs, prefix, full = _masks(kind, kernel, length, rng)
-    layer = ksa.SVRAttention(
-        num_heads=N,
-        key_dim=3,
+    kwargs, prefix, full = _masks(masks, kernel, length, rng)
+    layer = svr_layer(
+        kind,
+        MODES[mode],
         kernel=kernel,
         num_prefix_tokens=prefix,
         use_bias=False,  # a row that sees nothing then outputs exactly 0
         dtype=dtype,
-        **MODES[mode],
     )
     out = layer(ops.cast(x, dtype), ops.cast(x, dtype), **kwargs)
     assert _finite(out), "non-finite output"

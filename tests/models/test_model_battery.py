@@ -18,11 +18,11 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-import keras_svr_attention as ksa
 from tests.testing import BACKEND
 from tests.testing import assert_allclose
 from tests.testing import compiles_the_train_step
 from tests.testing import random_weights
+from tests.testing import svr_layer
 
 F = 6
 MODES = {
@@ -34,14 +34,17 @@ MODES = {
     "linear+bn+sh": {"kernel": "linear", "beta": 1.0, "head_factors": [1, 2]},
     "sparse": {"sparsity": "strided", "block_size": 3},
     "conv": {"conv_kernel_size": 3, "beta": 0.5},
+    "gqa+bn+sh": {"beta": 1.0, "head_factors": [2, 1, 1, 4]},
+    "gqa+linear+sh": {"kernel": "linear", "head_factors": [1, 1, 3, 3]},
 }
 MASKS = ["none", "causal", "padding"]
 
 
-def _layer(mode):
-    options = dict(MODES[mode])
-    heads = len(options.get("head_factors", [0] * 4))
-    return ksa.SVRAttention(num_heads=heads, key_dim=3, **options)
+def _layer(mode, **kwargs):
+    """SVRAttention, or grouped-query attention for the "gqa" modes (two
+    query heads per key/value head, every other head factor)."""
+    kind = "gqa" if mode.startswith("gqa") else "svr"
+    return svr_layer(kind, MODES[mode], **kwargs)
 
 
 def _model(mode):
@@ -167,11 +170,7 @@ PREFIX_EXAMPLES = int(
 def test_causal_outputs_depend_only_on_earlier_positions(mode, prefix, padding):
     # Output t on x[:, :t+1] equals output t on x, for every t, and right
     # padding after x changes none of them.
-    options = dict(MODES[mode])
-    heads = len(options.get("head_factors", [0] * 4))
-    layer = ksa.SVRAttention(
-        num_heads=heads, key_dim=3, num_prefix_tokens=prefix, **options
-    )
+    layer = _layer(mode, num_prefix_tokens=prefix)
     length = 8
     x = _inputs(length, seed=3)[:1]
     full = keras.ops.convert_to_numpy(layer(x, x, use_causal_mask=True))

@@ -2,7 +2,7 @@
 
 Keras offers no public way to list a model's layers recursively, to find
 the attribute that holds a sublayer, or to swap a built layer's sublayer.
-`convert.py` reaches them only through this module, and
+The `convert` package reaches them only through this module, and
 `tests/convert/test_keras_internals.py` pins each piece to the Keras versions we
 support (the floor in pyproject.toml and the newest tested).
 """

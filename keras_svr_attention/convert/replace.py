@@ -2,7 +2,7 @@
 
 The new attention keeps the old layer's config (heads, dims, dropout,
 initializers, dtype policy) and its weights; with every option off it
-computes what the old layer computed (SPEC.md section 6).
+computes what the old layer computed.
 """
 
 import sys
@@ -10,10 +10,11 @@ import warnings
 
 import keras
 
-from keras_svr_attention import _keras_internals as internals
-from keras_svr_attention import _llm_hook as llm
 from keras_svr_attention.api_export import svr_export
-from keras_svr_attention.layers import _validation as check
+from keras_svr_attention.convert import _keras_internals as internals
+from keras_svr_attention.convert import _llm_hook as llm
+from keras_svr_attention.convert import _record as record
+from keras_svr_attention.functional.options import factors_per_head
 from keras_svr_attention.layers import presets
 from keras_svr_attention.layers.grouped_query_attention import (
     SVRGroupedQueryAttention,
@@ -21,13 +22,6 @@ from keras_svr_attention.layers.grouped_query_attention import (
 from keras_svr_attention.layers.svr_attention import SVRAttention
 
 _SVR_CLASSES = (SVRAttention, SVRGroupedQueryAttention)
-
-
-def _target(config):
-    """The SVR class a converted layer's config builds."""
-    if "num_query_heads" in config:
-        return SVRGroupedQueryAttention
-    return SVRAttention
 
 
 def _cached_attention_class():
@@ -84,7 +78,7 @@ def _svr_config(layer, attention, options):
     if llm.is_hookable(layer):
         return {"svr_hook": _hook_options(layer, attention, options)}
     config = dict(layer.get_config())
-    target = _target(config)
+    target = record.target_class(config)
     if target is SVRAttention:
         config["attention_axes"] = None
     if type(layer) is _cached_attention_class():
@@ -119,7 +113,7 @@ def _hook_options(layer, attention, options):
             )
         if "head_factors" in hooked:
             hooked["head_factors"] = list(
-                check.factors_per_head(
+                factors_per_head(
                     hooked["head_factors"], num_kv_heads, "num_key_value_heads"
                 )
             )
@@ -186,43 +180,16 @@ def replace_attention(
             f"Received: model={model.name!r}, not built"
         )
     presets.options_for(attention, 1, check_only=True)
-    layers = [
-        layer
-        for layer in internals.flatten_layers(model)
-        if _looks_like_attention(layer)
-    ]
-    convertible, refused = [], []
-    for layer in layers:
-        reason = _unsupported_reason(layer)
-        (refused if reason else convertible).append((layer, reason))
-    if not convertible:
-        raise ValueError(
-            f"`model` {model.name!r} has no MultiHeadAttention layer to "
-            "convert"
-            + (
-                f"; found {[f'{layer.name} ({why})' for layer, why in refused]}"
-                if refused
-                else ""
-            )
-            + "."
-        )
-    for layer, reason in refused:
-        message = f"Attention layer {layer.name!r} is not converted: {reason}."
-        if not skip_unsupported:
-            raise ValueError(
-                message + " Pass skip_unsupported=True to keep it."
-            )
-        warnings.warn(message, stacklevel=2)
+    convertible = _convertible_layers(model, skip_unsupported)
     configs = {
         id(layer): _svr_config(layer, attention, options)
-        for layer, _ in convertible
+        for layer in convertible
     }
-
     # 1. Layers that appear in the model's config (Sequential, functional,
     #    nested models) are rewritten there.
     by_name = {
         layer.name: configs[id(layer)]
-        for layer, _ in convertible
+        for layer in convertible
         if "svr_hook" not in configs[id(layer)]
     }
     serialized = keras.saving.serialize_keras_object(model)
@@ -242,9 +209,33 @@ def replace_attention(
     #    `.keras` loading will find them.
     old_layers = internals.flatten_layers(model)
     swapped = _swap_attributes(new, old_layers, configs)
-    _record_conversion(new, swapped)
+    record.record_conversion(new, swapped)
     _copy_weights(old_layers, internals.flatten_layers(new))
     return new
+
+
+def _convertible_layers(model, skip_unsupported):
+    """The attention layers of `model` to convert; the others refused (a
+    ValueError) or, with `skip_unsupported`, kept with a warning."""
+    convertible, refused = [], []
+    for layer in internals.flatten_layers(model):
+        if _looks_like_attention(layer):
+            reason = _unsupported_reason(layer)
+            (refused if reason else convertible).append((layer, reason))
+    if not convertible:
+        found = [f"{layer.name} ({why})" for layer, why in refused]
+        raise ValueError(
+            f"`model` {model.name!r} has no MultiHeadAttention layer to "
+            f"convert{f'; found {found}' if found else ''}."
+        )
+    for layer, reason in refused:
+        message = f"Attention layer {layer.name!r} is not converted: {reason}."
+        if not skip_unsupported:
+            raise ValueError(
+                message + " Pass skip_unsupported=True to keep it."
+            )
+        warnings.warn(message, stacklevel=3)
+    return [layer for layer, _ in convertible]
 
 
 def _rewrite_config(node, by_name):
@@ -262,7 +253,7 @@ def _rewrite_config(node, by_name):
         and config.get("name") in by_name
         and ("num_heads" in config or "num_query_heads" in config)
     ):
-        cls = _target(config)
+        cls = record.target_class(config)
         node["module"] = cls.__module__
         node["class_name"] = cls.__name__
         node["registered_name"] = keras.saving.get_registered_name(cls)
@@ -282,142 +273,12 @@ def _swap_attributes(model, old_layers, configs):
     for old, current in zip(old_layers, new_layers, strict=True):
         if id(old) not in configs:
             continue
-        owner, _ = _owner_of(model, current)
+        owner, _ = record.owner_of(model, current)
         if isinstance(owner, keras.Model) and current in owner.layers:
             continue
-        replacement = _apply(model, current, configs[id(old)])
+        replacement = record.apply(model, current, configs[id(old)])
         swapped[id(replacement)] = configs[id(old)]
     return swapped
-
-
-def _apply(model, layer, config):
-    """The recorded conversion of one layer: a hook, or a swap."""
-    if "svr_hook" in config:
-        return llm.hook(layer, config["svr_hook"])
-    return _swap(model, layer, config)
-
-
-def _swap(model, current, config):
-    owner, name = _owner_of(model, current)
-    if name is None:
-        raise ValueError(
-            f"Cannot find the attribute of {owner.name!r} that holds "
-            f"attention {current.name!r}."
-        )
-    replacement = _target(config).from_config(config)
-    if current.built:
-        replacement.build(**internals.attention_build_shapes(current))
-    internals.swap_sublayer(owner, name, current, replacement)
-    return replacement
-
-
-def _owner_of(model, target):
-    for layer in internals.flatten_layers(model, include_self=True):
-        if any(sub is target for sub in internals.sublayers(layer)):
-            return layer, internals.attribute_holding(layer, target)
-    raise ValueError(
-        f"Cannot find the layer that holds attention {target.name!r}."
-    )
-
-
-# Saving. A model rebuilt from its own config (a KerasHub backbone builds
-# its blocks, and they their attention, from numbers) would come back with
-# MultiHeadAttention. The nearest model that holds swapped layers is given
-# a subclass of its own class that records the swap in its config, under
-# one registered name whose `from_config` rebuilds the original class and
-# swaps the recorded layers again (weights are loaded after that).
-_RECORD = "svr_attention_conversion"
-_CONVERTED_NAME = "ConvertedModel"
-
-
-class _Converted:
-    """Mixin of converted models: the record in the config, and back."""
-
-    def get_config(self):
-        return {**super().get_config(), _RECORD: self._svr_conversion}
-
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        record = config.pop(_RECORD)
-        model = keras.saving.deserialize_keras_object(
-            {**record["base"], "config": config},
-            custom_objects=custom_objects,
-        )
-        swapped = {}
-        for names, layer_config in record["layers"]:
-            layer = model
-            for name in names:
-                (layer,) = [
-                    sub
-                    for sub in internals.sublayers(layer)
-                    if sub.name == name
-                ]
-            replacement = _apply(model, layer, layer_config)
-            swapped[id(replacement)] = layer_config
-        _record_conversion(model, swapped)
-        return model
-
-
-@keras.saving.register_keras_serializable(
-    package="keras_svr_attention", name=_CONVERTED_NAME
-)
-class ConvertedModel(_Converted):
-    """What `keras.saving.load_model` finds under the registered name: a
-    converted model's record, rebuilt by `_Converted.from_config`."""
-
-
-_CONVERTED_CLASSES = {}
-
-
-def _record_conversion(model, swapped):
-    """Marks the nearest model holding each swapped layer (see above)."""
-    for holder in [model] + [
-        layer
-        for layer in internals.flatten_layers(model)
-        if isinstance(layer, keras.Model)
-    ]:
-        record = [
-            (names, swapped[id(layer)])
-            for names, layer in _name_paths(holder)
-            if id(layer) in swapped
-        ]
-        if not record:
-            continue
-        base = type(holder)
-        if issubclass(base, _Converted):
-            base = base.__mro__[2]  # (converted, _Converted, base, ...)
-        holder._svr_conversion = {
-            "base": {
-                "module": base.__module__,
-                "class_name": base.__name__,
-                "registered_name": keras.saving.get_registered_name(base),
-            },
-            "layers": record,
-        }
-        holder.__class__ = _converted_class(base)
-
-
-def _name_paths(model, prefix=()):
-    """`(names from model to layer, layer)` for the layers under `model`
-    outside nested models: names, unlike tracking order, are the same on
-    every backend."""
-    for layer in internals.sublayers(model):
-        if isinstance(layer, keras.Model):
-            continue
-        names = (*prefix, layer.name)
-        yield list(names), layer
-        yield from _name_paths(layer, names)
-
-
-def _converted_class(base):
-    if base not in _CONVERTED_CLASSES:
-        cls = type(base.__name__, (_Converted, base), {})
-        cls.__module__ = base.__module__
-        _CONVERTED_CLASSES[base] = keras.saving.register_keras_serializable(
-            package="keras_svr_attention", name=_CONVERTED_NAME
-        )(cls)
-    return _CONVERTED_CLASSES[base]
 
 
 def _copy_weights(old_layers, new_layers):
