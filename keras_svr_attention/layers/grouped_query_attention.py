@@ -61,8 +61,20 @@ class SVRGroupedQueryAttention(
     _HOOK_TAKES_SCORES = False  # GroupQueryAttention's hook signature
     _SCALE = "_inverse_sqrt_head_dim"
 
-    def __init__(self, head_dim, num_query_heads, num_key_value_heads, **kw):
-        core = {k: kw.pop(k) for k in options_lib.CORE_OPTIONS if k in kw}
+    def __init__(
+        self,
+        head_dim,
+        num_query_heads,
+        num_key_value_heads,
+        beta=None,
+        standardize=False,
+        learn_beta=False,
+        epsilon=1e-5,
+        head_factors=None,
+        num_prefix_tokens=0,
+        kernel="softmax",
+        **kwargs,
+    ):
         for name, value in (
             ("num_query_heads", num_query_heads),
             ("num_key_value_heads", num_key_value_heads),
@@ -76,14 +88,15 @@ class SVRGroupedQueryAttention(
                 f"num_key_value_heads={num_key_value_heads}"
             )
         super().__init__(
-            int(head_dim), int(num_query_heads), int(num_key_value_heads), **kw
-        )
+            int(head_dim), int(num_query_heads), int(num_key_value_heads),
+            **kwargs,
+        )  # fmt: skip
         self.options = options_lib.svr_options(
-            self.num_key_value_heads,
-            **core,
+            self.num_key_value_heads, beta, standardize, learn_beta, epsilon,
+            head_factors, num_prefix_tokens, kernel,
             heads_name="num_key_value_heads",
             sliding_window=self.sliding_window,
-        )
+        )  # fmt: skip
         self._plan_options = self.options.per_query_head(self.num_repeats)
 
     def build(self, query_shape, value_shape, key_shape=None):
