@@ -72,12 +72,12 @@ class SVRLayer:
         scores = {"return_attention_scores": return_scores}
         scores = scores if self._HOOK_TAKES_SCORES else {}
 
+        def attend_linear(group, q, k, v):
+            return self._compute_linear_attention(
+                q, k, v, group.key_weights, group.prefix_lengths, return_scores
+            )
+
         def attend(group, q, k, v):
-            if self.options.kernel == "linear":
-                return self._compute_linear_attention(
-                    q, k, v, group.key_weights, group.prefix_lengths,
-                    return_scores,
-                )  # fmt: skip
             mask, causal = group.mask, group.causal
             if causal and not own:
                 keys = masks_lib.causal_mask(shape_of(q)[1], shape_of(k)[1])
@@ -89,6 +89,8 @@ class SVRLayer:
                 q, k, v, mask, training, **scores, **causal
             )
 
+        if self.options.kernel == "linear":
+            attend = attend_linear
         return attention.svr_attention(
             query, key, value, plan, attend, return_scores, transform_key
         )
