@@ -17,8 +17,19 @@ def shape_of(x):
     return tuple(out)
 
 
+def size_tensor(size):
+    """An int32 scalar tensor holding `size`, an int or a symbolic size.
+
+    Summed from `size` ones rather than converted: an exporter that traces
+    a symbolic size (torch.export) turns a size converted to a tensor into
+    the constant it held at trace time.
+    """
+    return ops.sum(ops.ones((size,), "int32"))
+
+
 def zero_pad(x, axis, before=0, after=0):
-    """`x` with `before` and `after` zeros around `axis` (Python ints).
+    """`x` with `before` and `after` zeros around `axis` (ints or
+    symbolic sizes).
 
     What `ops.pad` computes for one axis, by concatenation: `ops.pad` builds
     a Keras `Operation` on every call, which `torch.compile` cannot trace
@@ -29,13 +40,13 @@ def zero_pad(x, axis, before=0, after=0):
     (2, 6, 4)
     """
     shape = shape_of(x)
-    parts = [
-        ops.zeros((*shape[:axis], size, *shape[axis + 1 :]), x.dtype)
-        if size
-        else x
-        for size in (before, None, after)
-        if size != 0
-    ]
+    before, after = (
+        None
+        if isinstance(size, int) and size == 0
+        else ops.zeros((*shape[:axis], size, *shape[axis + 1 :]), x.dtype)
+        for size in (before, after)
+    )
+    parts = [t for t in (before, x, after) if t is not None]
     return ops.concatenate(parts, axis=axis) if len(parts) > 1 else x
 
 
@@ -66,3 +77,34 @@ def gather_prefix(prefix, lengths):
         out = ops.take_along_axis(prefix, ops.reshape(idx, shape), axis=1)
     seen = ops.reshape(lengths > 0, (*shape_of(lengths), *trailing))
     return ops.where(seen, out, ops.zeros_like(out))
+
+
+def align_prefix(prefix, factor, num_prefix_tokens, num_queries):
+    """`gather_prefix` at the causal prefix lengths of queries at positions
+    0..T-1, without a gather: prefix sums over pooled keys laid on the
+    positions.
+
+    Entry i is the sum over the pooled keys whose span ends at or before i
+    (zeros where there is none): prefix token j from position j, window w
+    from position p + (w + 1) r - 1, every key past the last one. Made of
+    repeats, concatenations and slices, which every exporter keeps
+    symbolic (`take_along_axis` on torch turns its axis size into a
+    constant).
+
+    Args:
+        prefix: `(B, S', ...)` prefix sums over the pooled keys.
+        factor: int r. num_prefix_tokens: int p.
+        num_queries: T, an int or a symbolic size.
+    """
+    p = num_prefix_tokens
+    parts = [prefix[:, :p]]
+    if factor > 1:
+        before = prefix[:, p - 1 : p] if p else ops.zeros_like(prefix[:, :1])
+        parts += [before] * (factor - 1)
+        parts.append(ops.repeat(prefix[:, p:], factor, axis=1))
+    else:
+        parts.append(prefix[:, p:])
+    last = prefix[:, -1:]
+    shape = shape_of(last)
+    parts.append(ops.broadcast_to(last, (shape[0], num_queries, *shape[2:])))
+    return ops.concatenate(parts, axis=1)[:, :num_queries]

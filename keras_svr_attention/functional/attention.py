@@ -73,9 +73,7 @@ def svr_attention(
     pairs = [(outputs, 2), (scores, 1)] if return_scores else [(outputs, 2)]
     for parts, axis in pairs:
         tensor = parts[0] if len(parts) == 1 else ops.concatenate(parts, axis)
-        if order != sorted(order):
-            tensor = ops.take(tensor, inverse, axis=axis)
-        merged.append(tensor)
+        merged.append(visibility.select_heads(tensor, inverse, num_heads, axis))
     return merged[0], (merged[1] if return_scores else None)
 
 
@@ -170,13 +168,13 @@ def linear_group(
     if options.uses_bn:
         beta = (options.beta or 0.0) if beta is None else beta
         query, key = statistics.recenter_linear(
-            query, key, beta, options, group.key_weights, group.prefix_lengths
+            query, key, beta, options, group.key_weights, group.causal_prefix
         )
     return kernels.linear_attention(
         query,
         key,
         value,
         key_weights=group.key_weights,
-        prefix_lengths=group.prefix_lengths,
+        causal=group.causal_prefix,
         return_scores=return_scores,
     )

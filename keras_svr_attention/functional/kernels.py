@@ -8,7 +8,6 @@ from keras import ops
 
 from keras_svr_attention.functional import masks as masks_lib
 from keras_svr_attention.functional._tensors import accumulation_dtype
-from keras_svr_attention.functional._tensors import gather_prefix
 from keras_svr_attention.functional._tensors import shape_of
 
 
@@ -150,7 +149,7 @@ def linear_attention(
     key,
     value,
     key_weights=None,
-    prefix_lengths=None,
+    causal=None,
     return_scores=False,
 ):
     """Linear attention: the SVR expansion with Phi(x) = elu(x) + 1.
@@ -161,7 +160,7 @@ def linear_attention(
     ```
 
     where M_i is every valid key (non-causal) or the first n_i keys
-    (causal, `prefix_lengths`), computed as Phi(Q) (Phi(K)^T V) or with
+    (`causal`), computed as Phi(Q) (Phi(K)^T V) or with
     prefix sums: O(T + S) memory and time, no T x S matrix unless
     `return_scores`.
     Queries and keys arrive already recentered (Attention-BN). Accumulates
@@ -170,8 +169,8 @@ def linear_attention(
     Args:
         query: `(B, T, N, D)`. key: `(B, S, N, D)`. value: `(B, S, N, Dv)`.
         key_weights: `(B|1, S)` 0/1 weights of valid keys, or None.
-        prefix_lengths: `(B|1, T)` causal prefix lengths n_i
-            (`visibility`), or None for non-causal.
+        causal: `visibility.CausalPrefix`, the prefix lengths n_i, or
+            None for non-causal.
         return_scores: bool. Also return the weights `(B, N, T, S)`.
 
     Returns:
@@ -185,7 +184,7 @@ def linear_attention(
     value = ops.cast(value, dtype)
     if key_weights is not None:
         phi_k = phi_k * ops.cast(key_weights, dtype)[:, :, None, None]
-    if prefix_lengths is None:
+    if causal is None:
         kv = ops.einsum("bsnd,bsne->bnde", phi_k, value)
         z = ops.sum(phi_k, axis=1)  # (B, N, D)
         num = ops.einsum("btnd,bnde->btne", phi_q, kv)
@@ -193,12 +192,8 @@ def linear_attention(
     else:
         kv = ops.cumsum(ops.einsum("bsnd,bsne->bsnde", phi_k, value), axis=1)
         z = ops.cumsum(phi_k, axis=1)
-        num = ops.einsum(
-            "btnd,btnde->btne", phi_q, gather_prefix(kv, prefix_lengths)
-        )
-        den = ops.einsum(
-            "btnd,btnd->btn", phi_q, gather_prefix(z, prefix_lengths)
-        )
+        num = ops.einsum("btnd,btnde->btne", phi_q, causal.gather(kv))
+        den = ops.einsum("btnd,btnd->btn", phi_q, causal.gather(z))
     seen = den > 0
     # Each row's numerator and denominator scaled by 1 / den, held constant:
     # the quotient is unchanged, but its gradient no longer holds den^2,
@@ -212,9 +207,9 @@ def linear_attention(
     scores = None
     if return_scores:
         weights = ops.einsum("btnd,bsnd->bnts", phi_q, phi_k)
-        if prefix_lengths is not None:
+        if causal is not None:
             cols = ops.arange(ops.shape(key)[1])[None, None, None, :]
-            visible = cols < prefix_lengths[:, None, :, None]
+            visible = cols < causal.lengths[:, None, :, None]
             weights = ops.where(visible, weights, 0.0)
         den = ops.transpose(ops.where(seen, den, 1.0), (0, 2, 1))
         scores = ops.cast(weights / den[..., None], out_dtype)

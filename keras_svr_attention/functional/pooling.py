@@ -32,19 +32,24 @@ def window_sum(x, factor, num_prefix_tokens=0, axis=1):
 
     `(..., S, ...)` -> `(..., p + ceil((S - p) / r), ...)`: window w sums
     entries p + w r ... p + (w + 1) r - 1, the last window zero-padded.
-    Works on an unknown (symbolic) S.
+    Works on an unknown (symbolic) S: the sum of r strided slices, with no
+    reshape into windows (an exporter tracing a length whose window count
+    is 1 would fix that count for good).
     """
     p = num_prefix_tokens
     x = ops.moveaxis(x, axis, 1) if axis != 1 else x
     prefix, rest = x[:, :p], x[:, p:]
-    windows = (shape_of(rest)[1] + factor - 1) // factor
     if factor > 1:
-        # Pad by r - 1 and keep W r entries: the same for any S, known or
-        # not (no Python branch on a symbolic length).
-        rest = zero_pad(rest, 1, after=factor - 1)[:, : windows * factor]
-    shape = shape_of(rest)
-    rest = ops.reshape(rest, (shape[0], windows, factor, *shape[2:]))
-    out = ops.concatenate([prefix, ops.sum(rest, axis=2)], axis=1)
+        length = shape_of(rest)[1]
+        windows = (length + factor - 1) // factor
+        # Zero-padded to W r entries, known or symbolic (no Python branch
+        # on a symbolic length).
+        rest = zero_pad(rest, 1, after=windows * factor - length)
+        strided = [rest[:, j::factor] for j in range(factor)]
+        rest = strided[0]
+        for part in strided[1:]:
+            rest = rest + part
+    out = ops.concatenate([prefix, rest], axis=1)
     return ops.moveaxis(out, 1, axis) if axis != 1 else out
 
 

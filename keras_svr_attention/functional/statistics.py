@@ -18,7 +18,6 @@ from keras import ops
 
 from keras_svr_attention.functional import masks as masks_lib
 from keras_svr_attention.functional._tensors import accumulation_dtype
-from keras_svr_attention.functional._tensors import gather_prefix
 from keras_svr_attention.functional._tensors import shape_of
 
 
@@ -79,16 +78,14 @@ def key_moments(keys, mask=None, with_variance=False):
         keys = keys - shift
     feats = [keys, ops.square(keys)] if with_variance else [keys]
     if mask is None:
-        # Every key seen: plain sums, no (B, S, N, D) product with ones.
-        count = ops.full((1, 1, 1, 1), shape[1], dtype)
+        # Every key seen: plain sums, no (B, S, N, D) product with ones;
+        # the count summed too, not a constant taken from the shape (that
+        # an exporter would freeze at its traced length).
+        count = ops.sum(ops.ones_like(keys[:1, :, :1, :1]), 1, keepdims=True)
         sums = [ops.sum(f, axis=1, keepdims=True) for f in feats]
-    elif mask.shape[2] == 1:
-        # One set of keys for every query: (B|1, N|1, 1, S) -> (B|1, S, N|1).
-        weights = ops.transpose(ops.cast(mask[:, :, 0], dtype), (0, 2, 1))
-        weights = weights[..., None]
-        count = ops.sum(weights, axis=1, keepdims=True)
-        sums = [ops.sum(f * weights, axis=1, keepdims=True) for f in feats]
     else:
+        # No branch on the mask's query axis, 1 (padding only) or T: a
+        # traced length of 1 would take the wrong one for good.
         mask_shape = shape_of(mask)
         weights = ops.broadcast_to(
             ops.cast(mask, dtype),
@@ -153,9 +150,7 @@ def recenter_query(query, key, beta, options, mask=None, causal=False):
     return ops.cast(shifted, query.dtype)
 
 
-def recenter_linear(
-    query, key, beta, options, key_weights=None, prefix_lengths=None
-):
+def recenter_linear(query, key, beta, options, key_weights=None, causal=None):
     """Attention-BN under the linear kernel: shift q and k before Phi.
 
     ```text
@@ -172,13 +167,13 @@ def recenter_linear(
         query: `(B, T, N, D)`. key: `(B, S, N, D)`.
         options: `SVROptions` (`standardize`, `epsilon`).
         key_weights: `(B|1, S)` 0/1 valid keys, or None.
-        prefix_lengths: `(B|1, T)` int causal prefix lengths, or None
-            (non-causal).
+        causal: `visibility.CausalPrefix`, the causal prefix lengths, or
+            None (non-causal).
 
     Returns:
         `(query, key)` in float32 (float64 for float64 inputs).
     """
-    if prefix_lengths is None:
+    if causal is None:
         moments = key_moments(
             key,
             None if key_weights is None else key_weights[:, None, None, :],
@@ -191,8 +186,7 @@ def recenter_linear(
         running = running_moments(key, key_weights, options.standardize)[:-1]
         key_moments_ = tuple(running) + (None,) * (2 - len(running))
         query_moments = tuple(
-            None if m is None else gather_prefix(m, prefix_lengths)
-            for m in key_moments_
+            None if m is None else causal.gather(m) for m in key_moments_
         )
     return (
         normalize(query, *query_moments, beta, options.epsilon),

@@ -36,7 +36,39 @@ from keras import ops
 
 from keras_svr_attention.functional import masks as masks_lib
 from keras_svr_attention.functional import pooling
+from keras_svr_attention.functional._tensors import align_prefix
+from keras_svr_attention.functional._tensors import gather_prefix
 from keras_svr_attention.functional._tensors import shape_of
+from keras_svr_attention.functional._tensors import size_tensor
+
+
+class CausalPrefix(NamedTuple):
+    """What each query sees under the linear kernel's causality: the keys
+    0..n_i - 1, a prefix of the (pooled) keys.
+
+    Attributes:
+        lengths: `(1, T)` int32 prefix lengths n_i.
+        factor: int r, the pooling factor of the keys.
+        num_prefix_tokens: int p.
+        aligned: bool. Query i stands at position i (no cache offset), so
+            that prefix sums are laid on positions (`_tensors.align_prefix`)
+            rather than gathered at `lengths`.
+    """
+
+    lengths: object
+    factor: int = 1
+    num_prefix_tokens: int = 0
+    aligned: bool = False
+
+    def gather(self, prefix):
+        """`prefix` `(B, S', ...)` summed over keys 0..j -> `(B, T, ...)`,
+        each query's entry n_i - 1 (zeros where n_i = 0)."""
+        if self.aligned:
+            num_queries = shape_of(self.lengths)[1]
+            return align_prefix(
+                prefix, self.factor, self.num_prefix_tokens, num_queries
+            )
+        return gather_prefix(prefix, self.lengths)
 
 
 class HeadGroup(NamedTuple):
@@ -60,8 +92,8 @@ class HeadGroup(NamedTuple):
             (`kernels.softmax_attention`, where a fused kernel takes
             `is_causal=True` without building a mask).
         key_weights: linear kernel: `(B|1, S')` 0/1 valid keys, or None.
-        prefix_lengths: linear kernel under causality: `(1, T)` int32 n_i,
-            query i sees the keys 0..n_i - 1; or None.
+        causal_prefix: linear kernel under causality: `CausalPrefix`, the
+            keys 0..n_i - 1 that query i sees; or None.
         query_valid: linear kernel: `(B, T)` boolean unpadded queries, or
             None. The linear kernel has no per-query mask: the padded rows'
             outputs and scores are set to zero after it
@@ -76,7 +108,7 @@ class HeadGroup(NamedTuple):
     mask: object = None
     causal: bool = False
     key_weights: object = None
-    prefix_lengths: object = None
+    causal_prefix: object = None
     query_valid: object = None
 
 
@@ -118,17 +150,31 @@ def fits(shape, expected, broadcast=None):
 
 
 def select_heads(x, heads, num_heads, axis):
-    """`x` restricted to `heads` along `axis`: itself when it holds all
-    heads or broadcasts over them (size 1), a slice when they are
-    contiguous (a gather's gradient is a scatter, slow on CPU and sparse on
-    TensorFlow), a gather otherwise."""
-    if x is None or len(heads) == num_heads or x.shape[axis] == 1:
+    """`x` at `heads` (Python ints, in that order) along `axis`: itself
+    when that is every head in order or when it broadcasts over heads
+    (size 1), else its slices of contiguous runs, concatenated.
+
+    What `ops.take` computes, without a gather: its gradient is a scatter,
+    slow on CPU and sparse on TensorFlow, and torch's ONNX exporter has no
+    `ravel`, which torch's `take` uses.
+
+    >>> tuple(select_heads(ops.ones((2, 5)), [4, 0, 1], 5, axis=1).shape)
+    (2, 3)
+    """
+    if (
+        x is None
+        or list(heads) == list(range(num_heads))
+        or (x.shape[axis] == 1)
+    ):
         return x
-    if list(heads) == list(range(heads[0], heads[-1] + 1)):
-        index = [slice(None)] * len(x.shape)
-        index[axis] = slice(heads[0], heads[-1] + 1)
-        return x[tuple(index)]
-    return ops.take(x, list(heads), axis=axis)
+    runs, start = [], 0
+    for i in range(1, len(heads) + 1):
+        if i == len(heads) or heads[i] != heads[i - 1] + 1:
+            index = [slice(None)] * len(x.shape)
+            index[axis] = slice(heads[start], heads[i - 1] + 1)
+            runs.append(x[tuple(index)])
+            start = i
+    return runs[0] if len(runs) == 1 else ops.concatenate(runs, axis=axis)
 
 
 def plan_head_groups(
@@ -270,10 +316,11 @@ def _plan_linear(
             key_padding, attention_mask[:, 0, 0, :]
         )
     rows = masks_lib.query_positions(num_queries, offset)[None]
+    at_zero = isinstance(offset, int) and offset == 0
     query_valid = None if query_mask is None else ops.cast(query_mask, "bool")
     plan = []
     for factor, heads in groups:
-        counts = lengths = None
+        counts = prefix = None
         weights = key_padding
         if factor > 1:
             counts = pooling.window_counts(key_padding, factor, p, num_keys)
@@ -284,7 +331,8 @@ def _plan_linear(
                 ops.maximum(rows + 1 - p, 0) // factor
             )
             total = pooling.pooled_length(num_keys, factor, p)
-            lengths = ops.minimum(seen, ops.cast(total, "int32"))
+            lengths = ops.minimum(seen, size_tensor(total))
+            prefix = CausalPrefix(lengths, factor, p, aligned=at_zero)
         plan.append(
             HeadGroup(
                 factor,
@@ -293,7 +341,7 @@ def _plan_linear(
                 key_padding,
                 counts,
                 key_weights=weights,
-                prefix_lengths=lengths,
+                causal_prefix=prefix,
                 query_valid=query_valid,
             )
         )

@@ -74,7 +74,7 @@ class SVRLayer:
 
         def attend_linear(group, q, k, v):
             return self._compute_linear_attention(
-                q, k, v, group.key_weights, group.prefix_lengths, return_scores
+                q, k, v, group.key_weights, group.causal_prefix, return_scores
             )
 
         def attend(group, q, k, v):
@@ -145,19 +145,19 @@ class SVRLayer:
         key,
         value,
         key_weights=None,
-        prefix_lengths=None,
+        causal_prefix=None,
         return_attention_scores=False,
     ):
         """Linear attention of one group of heads, with Attention-BN.
 
         The counterpart of `_compute_attention` for `kernel="linear"`:
         query `(B, T, n, D)`, key `(B, S', n, D)`, value `(B, S', n, Dv)`;
-        `key_weights` `(B|1, S')` marks valid keys and `prefix_lengths`
+        `key_weights` `(B|1, S')` marks valid keys and `causal_prefix`
         `(B|1, T)` holds the causal prefix lengths (None when not causal).
         `functional.attention.linear_group`.
         """
         group = visibility.HeadGroup(
-            1, (), key_weights=key_weights, prefix_lengths=prefix_lengths
+            1, (), key_weights=key_weights, causal_prefix=causal_prefix
         )
         beta = self.beta_weight if self.options.learn_beta else None
         return attention.linear_group(

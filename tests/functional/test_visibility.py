@@ -83,8 +83,9 @@ def test_plan_head_groups_matches_numpy_visibility(
                 if group.key_weights is not None:
                     weights = ops.convert_to_numpy(group.key_weights) > 0
                 got = np.broadcast_to(weights[:, None, :], shape).copy()
-                if group.prefix_lengths is not None:
-                    seen = ops.convert_to_numpy(group.prefix_lengths)
+                if group.causal_prefix is not None:
+                    seen = group.causal_prefix.lengths
+                    seen = ops.convert_to_numpy(seen)
                     got &= np.arange(shape[2])[None, None] < seen[:, :, None]
                 rows = np.ones((2, num_queries), bool)
                 if query_mask is not None:

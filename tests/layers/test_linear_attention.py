@@ -8,6 +8,7 @@ from keras import ops
 
 import keras_svr_attention as ksa
 from keras_svr_attention.functional import kernels
+from keras_svr_attention.functional.visibility import CausalPrefix
 from tests.testing import MODES
 from tests.testing import B
 from tests.testing import D
@@ -67,14 +68,17 @@ def test_linear_attention_matches_numpy_reference(mode, mask_kind, prefix):
     assert_allclose(fast, want_out, tol, tol, err_msg="output, no scores")
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("causal", [None, "gathered", "aligned"])
 def test_linear_kernel_equals_dense_formula(causal):
     rng = np.random.default_rng(0)
     q, k, v = (
         rng.normal(size=(2, 6, 3, 4)).astype("float32") for _ in range(3)
     )
-    lengths = np.arange(1, 7, dtype="int32")[None] if causal else None
-    out, _ = kernels.linear_attention(q, k, v, prefix_lengths=lengths)
+    lengths = np.arange(1, 7, dtype="int32")[None]
+    causal = (
+        CausalPrefix(lengths, aligned=causal == "aligned") if causal else None
+    )
+    out, _ = kernels.linear_attention(q, k, v, causal=causal)
     phi = np.where(q > 0, q + 1, np.exp(q)), np.where(k > 0, k + 1, np.exp(k))
     sim = np.einsum("btnd,bsnd->bnts", *phi)
     if causal:
