@@ -17,12 +17,12 @@ import zipfile
 import nox
 
 nox.needs_version = ">=2026.10.20"  # `parallel` and `allow_parallel`
-nox.options.sessions = ["lint", "tests", "package", "docs", "gpu"]
+nox.options.sessions = ["lint", "tests", "export", "package", "docs", "gpu"]
 # The default sessions run at once, each in its own process with its output
 # printed when it ends: one backend's installs, imports and last tests
 # overlap another's work, and the CPUs stay busy to the end. One slot per
-# default session (`tests` is three).
-nox.options.parallel = 7
+# default session (`tests` and `export` are three each).
+nox.options.parallel = 10
 nox.options.reuse_existing_virtualenvs = True
 # uv installs in seconds what pip takes minutes to (`pip install nox uv`);
 # without uv, nox falls back to virtualenv and pip.
@@ -120,6 +120,31 @@ def tests(session, backend):
         *nice, "pytest", "-q", *session.posargs,
         env=_one_thread(_env(backend, fast_compile=True)),
         external=bool(nice),
+    )  # fmt: skip
+
+
+# What converts to ONNX on each backend (torch's exporter is its own), and
+# TensorFlow beside JAX for the SavedModel (jax2tf).
+EXPORTERS = {
+    "tensorflow": ["tf2onnx"],
+    "jax": ["jax2onnx", "tensorflow-cpu"],
+    "torch": [],
+}
+
+
+@nox.session(allow_parallel=True)
+@nox.parametrize("backend", BACKENDS)
+def export(session, backend):
+    """Every mode exported with each format Keras offers on the backend and
+    served by the format's runtime (tests/export)."""
+    _install(session, backend, "test,export")
+    if EXPORTERS[backend]:
+        session.install(*_find_links(), *EXPORTERS[backend])
+    session.run(
+        *NICE, "pytest", "-q", "-m", "export", "tests/export",
+        *session.posargs,
+        env=_one_thread(_env(backend, fast_compile=True)),
+        external=bool(NICE),
     )  # fmt: skip
 
 
