@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from tests.testing import BACKEND
+from tests.testing import assert_allclose
 from tests.testing import random_weights
 from tests.testing import svr_layer
 
@@ -167,11 +168,11 @@ def _check(model, served):
     # (fused attention, another summation order) on unit-scale inputs.
     for length, batch in SERVED:
         x = _inputs(length, batch, seed=length)
-        np.testing.assert_allclose(
+        assert_allclose(
             served(x),
             model.predict(x, verbose=0),
-            atol=1e-4,
-            rtol=1e-4,
+            1e-4,
+            1e-4,
             err_msg=f"served at batch {batch}, length {length}",
         )
 
