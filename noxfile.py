@@ -137,7 +137,7 @@ EXPORTERS = {
 def export(session, backend):
     """Every mode exported with each format Keras offers on the backend and
     served by the format's runtime (tests/export)."""
-    _install(session, backend, "test,export")
+    _install(session, backend, "test,export,hub", hub=True)
     if EXPORTERS[backend]:
         session.install(*_find_links(), *EXPORTERS[backend])
     session.run(

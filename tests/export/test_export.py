@@ -9,8 +9,9 @@ control: a cell where Keras cannot export it either is an expected failure
 of the control (strict: it turns into a failure when Keras fixes it), and
 our modes' known gaps are listed with their reasons, strict too.
 
-The exporters' runtimes come from `nox -s export`; without them the tests
-skip.
+Then KerasHub backbones (GPT-2, BERT, Llama) converted to BN+SH, exported
+where KerasHub's own model exports. The exporters' runtimes and KerasHub
+come from `nox -s export`; without them the tests skip.
 """
 
 import os
@@ -19,6 +20,7 @@ import keras
 import numpy as np
 import pytest
 
+import keras_svr_attention as ksa
 from tests.testing import BACKEND
 from tests.testing import assert_allclose
 from tests.testing import random_weights
@@ -206,3 +208,96 @@ def test_torch_onnx_read_by_openvino_serves_sh(mode, tmp_path):
     path = os.path.join(tmp_path, "model.onnx")
     _export(model, "onnx", path)
     _check(model, serve("openvino", path))
+
+
+def _hub_backbone(name):
+    keras_hub = pytest.importorskip("keras_hub")
+    sizes = dict(vocabulary_size=30, num_layers=2, hidden_dim=16)
+    sizes["intermediate_dim"] = 32
+    if name == "llama":
+        backbone = keras_hub.models.LlamaBackbone(
+            num_query_heads=4, num_key_value_heads=2, **sizes
+        )
+        return backbone, [1, 2]  # one factor per key/value head
+    cls = {"gpt2": "GPT2Backbone", "bert": "BertBackbone"}[name]
+    backbone = getattr(keras_hub.models, cls)(
+        num_heads=4, max_sequence_length=16, **sizes
+    )
+    return backbone, [1, 1, 2, 4]
+
+
+def _hub_inputs(backbone, length, batch):
+    rng = np.random.default_rng(length)
+    lengths = np.array([[length]] * (batch - 1) + [[length - 2]])
+    inputs = {
+        "token_ids": rng.integers(0, 30, (batch, length)).astype("int32"),
+        "padding_mask": (np.arange(length)[None] < lengths).astype("int32"),
+    }
+    if "segment_ids" in [x.name for x in backbone.inputs]:
+        inputs["segment_ids"] = np.zeros((batch, length), "int32")
+    return inputs
+
+
+def _sequence(outputs):
+    if isinstance(outputs, dict):
+        outputs = outputs["sequence_output"]
+    return keras.ops.convert_to_numpy(outputs)
+
+
+def _serve_hub(fmt, path, inputs):
+    if fmt == "onnx":
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(path)
+        feed = {x.name: inputs[x.name] for x in session.get_inputs()}
+        names = [x.name for x in session.get_outputs()]
+        outputs = dict(zip(names, session.run(None, feed), strict=True))
+        return outputs.get("sequence_output", outputs[names[0]])
+    import tensorflow as tf
+
+    artifact = tf.saved_model.load(path)  # held: it owns the variables
+    served = artifact.serve(
+        {name: tf.constant(x) for name, x in inputs.items()}
+    )
+    return _sequence(served)
+
+
+def _hub_export(model, fmt, path):
+    model(_hub_inputs(model, 7, 2))
+    model.export(path, format=fmt, verbose=False)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert", "llama"])
+@pytest.mark.parametrize(
+    "fmt", [f for f in FORMATS if f in ("tf_saved_model", "onnx")]
+)
+def test_converted_kerashub_model_serves_where_the_original_does(
+    fmt, name, tmp_path
+):
+    """A KerasHub backbone converted to BN+SH exports and serves wherever
+    KerasHub's own model does (the original is tried first: where it
+    fails, the test skips with its error, and runs once KerasHub's model
+    exports there)."""
+    pytest.importorskip(RUNTIMES[fmt])
+    if fmt == "onnx" and BACKEND != "torch":
+        pytest.importorskip(
+            "tf2onnx" if BACKEND == "tensorflow" else "jax2onnx"
+        )
+    backbone, factors = _hub_backbone(name)
+    random_weights(backbone, seed=2)
+    try:
+        _hub_export(backbone, fmt, os.path.join(tmp_path, "original"))
+    except Exception as error:  # KerasHub's or the exporter's own
+        pytest.skip(f"KerasHub's {name} does not export here: {error!r}"[:300])
+    converted = ksa.replace_attention(backbone, "bn+sh", head_factors=factors)
+    path = os.path.join(tmp_path, FILES[fmt])
+    _hub_export(converted, fmt, path)
+    for length, batch in SERVED:
+        inputs = _hub_inputs(converted, length, batch)
+        assert_allclose(
+            _serve_hub(fmt, path, inputs),
+            _sequence(converted.predict(inputs, verbose=0)),
+            1e-4,
+            1e-4,
+            err_msg=f"{name} served at batch {batch}, length {length}",
+        )
