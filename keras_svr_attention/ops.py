@@ -32,6 +32,7 @@ def svr_dot_product_attention(
     kernel="softmax",
     num_prefix_tokens=0,
     causal_offset=0,
+    sliding_window=None,
 ):
     """Scaled dot-product attention with Attention-BN and -SH.
 
@@ -76,6 +77,8 @@ def svr_dot_product_attention(
         num_prefix_tokens: int. Leading keys never pooled.
         causal_offset: int or int tensor. Position of query 0 among the keys
             (cached decoding: the cache index).
+        sliding_window: int or None. Query i sees only keys with
+            |causal_offset + i - j| < `sliding_window` (softmax kernel).
 
     Returns:
         `(B, T, N, H)` in the query's dtype.
@@ -100,7 +103,16 @@ def svr_dot_product_attention(
         head_factors=head_factors,
         num_prefix_tokens=num_prefix_tokens,
         kernel=kernel,
+        sliding_window=options_lib.positive_int(
+            "sliding_window", sliding_window, allow_none=True
+        ),
     ).per_query_head(repeats)
+    if options.kernel == "linear" and options.sliding_window:
+        raise ValueError(
+            "`sliding_window` needs kernel='softmax': a band mask would make "
+            "linear attention quadratic. Received: "
+            f"sliding_window={options.sliding_window}, kernel='linear'"
+        )
     if repeats > 1:
         key = ops.repeat(key, repeats, axis=2)
         value = ops.repeat(value, repeats, axis=2)

@@ -147,3 +147,29 @@ def test_op_traces_in_a_model_with_unknown_length():
             q, k, k, is_causal=True, beta=1.0, head_factors=[1, 2]
         )
         assert_allclose(model.predict([q, k], verbose=0), want, 1e-5, 1e-5)
+
+
+@pytest.mark.parametrize("options", [{}, {"beta": 1.0, "head_factors": [1, 2]}])
+def test_sliding_window_is_the_band_mask_at_the_causal_offset(options):
+    # The band Qwen's hook applies, |offset + i - j| < w, given as a window
+    # or as an explicit (B, N, T, S) mask built here: the same outputs.
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=(2, 3, 4, 8)).astype("float32")
+    k, v = (rng.normal(size=(2, 7, 2, 8)).astype("float32") for _ in "kv")
+    offset, window = 4, 3
+    rows = offset + np.arange(3)[:, None]
+    cols = np.arange(7)[None]
+    band = (np.abs(rows - cols) < window) & (cols <= rows)
+    got = ksa.svr_dot_product_attention(
+        q, k, v, is_causal=True, causal_offset=offset, sliding_window=window,
+        **options,
+    )  # fmt: skip
+    want = ksa.svr_dot_product_attention(
+        q, k, v, mask=band[None, None], causal_offset=offset, is_causal=True,
+        **options,
+    )  # fmt: skip
+    assert_allclose(got, want)
+    with pytest.raises(ValueError, match="`sliding_window`.*linear"):
+        ksa.svr_dot_product_attention(
+            q, k, v, kernel="linear", sliding_window=2
+        )

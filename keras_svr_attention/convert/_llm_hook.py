@@ -1,9 +1,10 @@
-"""SVR attention inside decoder LLM attention layers (KerasHub's Llama and
-layers built the same way).
+"""SVR attention inside decoder LLM attention layers (KerasHub's Llama,
+Mistral, Qwen, Qwen3 and layers built the same way).
 
-Such a layer projects, applies its rotary embedding, writes its cache,
-repeats K/V to the query heads, then calls the hook
-`_compute_attention(query, key, value, attention_mask)`. Conversion gives
+Such a layer projects, applies its rotary embedding (and Qwen3 its QK-norm),
+writes its cache, repeats K/V to the query heads, then calls the hook
+`_compute_attention(query, key, value, attention_mask)` (Qwen's also takes
+`cache_update_index`). Conversion gives
 the layer a subclass of its own class (its weights, rotary embedding,
 cache and projections stay its own) whose hook is
 `svr_dot_product_attention`, causal at the cache index that `call`
@@ -46,9 +47,21 @@ def is_hookable(layer):
         return False
     names = list(inspect.signature(hook).parameters)
     call = list(inspect.signature(type(layer).call).parameters)
-    return names == ["self", "query", "key", "value", "attention_mask"] and (
-        "cache_update_index" in call
-    )
+    hooks = [HOOK, HOOK + ["cache_update_index"]]
+    return names in hooks and "cache_update_index" in call
+
+
+HOOK = ["self", "query", "key", "value", "attention_mask"]
+
+
+def sliding_window(layer):
+    """The band the layer's own hook applies (Qwen: |i - j| < w, when
+    `use_sliding_window_attention`; Qwen3: whenever `sliding_window_size`
+    is set), or None (Llama, and Mistral, whose band is in its mask)."""
+    size = getattr(layer, "sliding_window_size", None)
+    if size and getattr(layer, "use_sliding_window_attention", True):
+        return int(size)
+    return None
 
 
 class HookedAttention:
@@ -63,7 +76,9 @@ class HookedAttention:
             *args, cache_update_index=cache_update_index, **kwargs
         )
 
-    def _compute_attention(self, query, key, value, attention_mask=None):
+    def _compute_attention(
+        self, query, key, value, attention_mask=None, cache_update_index=None
+    ):
         options = dict(self._svr_hook_options)
         factors = options.pop("head_factors", None)
         if factors is not None:  # per key/value head -> per query head
@@ -80,7 +95,10 @@ class HookedAttention:
             is_causal=True,
             scale=scale,
             head_factors=factors,
-            causal_offset=getattr(self, "_svr_offset", 0),
+            causal_offset=getattr(self, "_svr_offset", 0)
+            if cache_update_index is None
+            else cache_update_index,
+            sliding_window=sliding_window(self),
             **options,
         )
         return ops.cast(out, query.dtype)

@@ -36,9 +36,15 @@ def _llama(family="llama"):
             max_sequence_length=32, **config
         )
         task = keras_hub.models.LlamaCausalLM
-    else:  # Mistral: the same hook, a sliding window in its mask
+    elif family == "mistral":  # the same hook, a sliding window in its mask
         backbone = keras_hub.models.MistralBackbone(sliding_window=6, **config)
         task = keras_hub.models.MistralCausalLM
+    elif family == "qwen":  # the hook takes the cache index
+        backbone = keras_hub.models.QwenBackbone(**config)
+        task = keras_hub.models.QwenCausalLM
+    else:  # Qwen3: QK-norm before the hook, a sliding window in it
+        backbone = keras_hub.models.Qwen3Backbone(head_dim=4, **config)
+        task = keras_hub.models.Qwen3CausalLM
     random_weights(backbone, seed=1)
     return task(backbone=backbone, preprocessor=None)
 
@@ -58,7 +64,7 @@ def _attention_classes(lm):
     ]
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen", "qwen3"])
 def test_options_off_give_the_original_logits_on_a_padded_batch(family):
     lm = _llama(family)
     x = _batch()
@@ -110,6 +116,9 @@ def test_bn_sh_change_the_logits_and_train(attention):
         # cannot tell which keys behind its band earlier queries saw, so
         # windows there average differently (README); BN is exact.
         ("mistral", "bn"),
+        ("qwen", "softmax"),
+        ("qwen", "bn+sh"),
+        ("qwen3", "bn+sh"),
     ],
 )
 def test_generate_with_the_cache_equals_teacher_forcing(family, attention):
