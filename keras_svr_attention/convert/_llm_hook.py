@@ -1,5 +1,5 @@
 """SVR attention inside decoder LLM attention layers (KerasHub's Llama,
-Mistral, Qwen, Qwen3 and layers built the same way).
+Mistral, Qwen, Qwen3, GPT-NeoX and layers built the same way).
 
 Such a layer projects, applies its rotary embedding (and Qwen3 its QK-norm),
 writes its cache, repeats K/V to the query heads, then calls the hook
@@ -37,21 +37,34 @@ def attribute(layer, name):
     return getattr(layer, "_" + name, None) if value is None else value
 
 
+def key_value_heads(layer):
+    """The layer's key/value heads (all its heads without GQA: GPT-NeoX),
+    or None."""
+    heads = attribute(layer, "num_key_value_heads")
+    return attribute(layer, "num_heads") if heads is None else heads
+
+
+def drops_attention_weights(layer):
+    """Whether the layer's own hook applies dropout to the attention
+    weights (GPT-NeoX's takes `training` for it)."""
+    hook = inspect.signature(type(layer)._compute_attention).parameters
+    return "training" in hook and bool(getattr(layer, "dropout", 0))
+
+
 def is_hookable(layer):
     """A decoder-LLM attention layer with Llama's call and hook."""
     hook = getattr(type(layer), "_compute_attention", None)
-    if hook is None or any(
-        attribute(layer, name) is None
-        for name in ("num_key_value_groups", "num_key_value_heads")
-    ):
+    if hook is None or key_value_heads(layer) is None:
         return False
     names = list(inspect.signature(hook).parameters)
     call = list(inspect.signature(type(layer).call).parameters)
-    hooks = [HOOK, HOOK + ["cache_update_index"]]
-    return names in hooks and "cache_update_index" in call
+    return names in HOOKS and "cache_update_index" in call
 
 
+# The hook signatures taken: Llama's and Mistral's, Qwen's (the cache
+# index), GPT-NeoX's (`training`, for its attention dropout).
 HOOK = ["self", "query", "key", "value", "attention_mask"]
+HOOKS = [HOOK, HOOK + ["cache_update_index"], HOOK + ["training"]]
 
 
 def sliding_window(layer):
@@ -77,12 +90,18 @@ class HookedAttention:
         )
 
     def _compute_attention(
-        self, query, key, value, attention_mask=None, cache_update_index=None
+        self,
+        query,
+        key,
+        value,
+        attention_mask=None,
+        cache_update_index=None,
+        training=None,
     ):
         options = dict(self._svr_hook_options)
         factors = options.pop("head_factors", None)
         if factors is not None:  # per key/value head -> per query head
-            groups = attribute(self, "num_key_value_groups")
+            groups = attribute(self, "num_key_value_groups") or 1
             factors = [f for f in factors for _ in range(groups)]
         if attention_mask is not None:
             attention_mask = ops.cast(attention_mask, "bool")[:, None]

@@ -103,7 +103,13 @@ def _hook_options(layer, attention, options):
     """The op's options for a decoder-LLM attention layer (per key/value
     head factors), checked, or ValueError naming the layer."""
     try:
-        num_kv_heads = llm.attribute(layer, "num_key_value_heads")
+        num_kv_heads = llm.key_value_heads(layer)
+        if llm.drops_attention_weights(layer):
+            raise ValueError(
+                "its hook applies dropout to the attention weights, which "
+                "SVR attention in the hook does not: build it with "
+                f"dropout=0. Received: dropout={layer.dropout}"
+            )
         hooked = presets.options_for(attention, num_kv_heads, **options)
         extra = set(hooked) - set(llm.HOOK_OPTIONS)
         if extra:
