@@ -389,14 +389,15 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
         cache = ops.stack((key, value), axis=1)
         batch, num_keys = shape_of(key)[:2]
         positions = ops.arange(num_keys, dtype="int32")[None]
-        index = ops.cast(index, "int32")
-        pending = positions >= index + num_new
+        first = ops.cast(index, "int32")  # position of the first new token
+        pending = positions >= first + num_new
         if key_padding is not None:
             slots = ops.ones((batch, num_keys), "int32")
             key_padding = ops.slice_update(
-                slots, [0, index], ops.cast(key_padding, "int32")
+                slots, [0, first], ops.cast(key_padding, "int32")
             )
             key_padding = ops.cast(key_padding, "bool")
+        # `index` as given: a Python 0 keeps the planner's causal fast path.
         return key, value, cache, key_padding, pending, index
 
     def _convolve(self, x, kernel, causal):
