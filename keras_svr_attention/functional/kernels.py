@@ -9,6 +9,7 @@ from keras import ops
 from keras_svr_attention.functional import masks as masks_lib
 from keras_svr_attention.functional._tensors import accumulation_dtype
 from keras_svr_attention.functional._tensors import shape_of
+from keras_svr_attention.functional._tensors import zero_pad
 
 
 def fuses(query, value, dropout=None, return_scores=False):
@@ -160,11 +161,13 @@ def linear_attention(
     ```
 
     where M_i is every valid key (non-causal) or the first n_i keys
-    (`causal`), computed as Phi(Q) (Phi(K)^T V) or with
-    prefix sums: O(T + S) memory and time, no T x S matrix unless
-    `return_scores`.
-    Queries and keys arrive already recentered (Attention-BN). Accumulates
-    in float32.
+    (`causal`). Non-causal: Phi(Q) (Phi(K)^T V), O(T + S). Causal with
+    queries at positions 0..T-1 (`causal.aligned`): the keys laid on the
+    positions where they become visible (`CausalPrefix.lay`), then the
+    chunked recurrence `causal_linear_attention`, O(T + (T / C) D Dv)
+    memory. Causal at a cache offset: the T x S weights masked at n_i
+    (decoding steps, T small). Queries and keys arrive already recentered
+    (Attention-BN). Accumulates in float32.
 
     Args:
         query: `(B, T, N, D)`. key: `(B, S, N, D)`. value: `(B, S, N, Dv)`.
@@ -184,33 +187,106 @@ def linear_attention(
     value = ops.cast(value, dtype)
     if key_weights is not None:
         phi_k = phi_k * ops.cast(key_weights, dtype)[:, :, None, None]
-    if causal is None:
+    weights = None
+    if causal is None and not return_scores:
         kv = ops.einsum("bsnd,bsne->bnde", phi_k, value)
-        z = ops.sum(phi_k, axis=1)  # (B, N, D)
         num = ops.einsum("btnd,bnde->btne", phi_q, kv)
-        den = ops.einsum("btnd,bnd->btn", phi_q, z)
+        den = ops.einsum("btnd,bnd->btn", phi_q, ops.sum(phi_k, axis=1))
+    elif causal is not None and causal.aligned and not return_scores:
+        num_queries = shape_of(query)[1]
+        laid = (causal.lay(x, num_queries) for x in (phi_k, value))
+        num, den, _ = causal_linear_attention(
+            phi_q, *laid, chunk_size=causal.chunk_size
+        )
     else:
-        kv = ops.cumsum(ops.einsum("bsnd,bsne->bsnde", phi_k, value), axis=1)
-        z = ops.cumsum(phi_k, axis=1)
-        num = ops.einsum("btnd,btnde->btne", phi_q, causal.gather(kv))
-        den = ops.einsum("btnd,btnd->btn", phi_q, causal.gather(z))
+        weights = ops.einsum("btnd,bsnd->bnts", phi_q, phi_k)
+        if causal is not None:
+            cols = ops.arange(shape_of(key)[1], dtype="int32")
+            visible = cols[None, None, None, :] < causal.lengths[:, None, :, None]
+            weights = ops.where(visible, weights, 0.0)
+        num = ops.einsum("bnts,bsne->btne", weights, value)
+        den = ops.transpose(ops.sum(weights, axis=-1), (0, 2, 1))
+    out = divide_rows(num, den)
+    scores = None
+    if return_scores:
+        den = ops.transpose(ops.where(den > 0, den, 1.0), (0, 2, 1))
+        scores = ops.cast(weights / den[..., None], out_dtype)
+    return ops.cast(out, out_dtype), scores
+
+
+def divide_rows(num, den):
+    """num / den per query row `(B, T, N, Dv) / (B, T, N)`, exactly 0 where
+    den = 0 (a row that sees no key).
+
+    Each row's numerator and denominator are scaled by 1 / den, held
+    constant: the quotient is unchanged, but its gradient no longer holds
+    den^2, which underflows to 0 when Phi is tiny (q, k << 0): -num / den^2
+    = inf, and inf times the clipped feature map's zero gradient is NaN.
+    """
     seen = den > 0
-    # Each row's numerator and denominator scaled by 1 / den, held constant:
-    # the quotient is unchanged, but its gradient no longer holds den^2,
-    # which underflows to 0 when Phi is tiny (q, k << 0): -num / den^2 = inf,
-    # and inf times the clipped feature map's zero gradient is NaN.
     scale = ops.stop_gradient(1.0 / ops.where(seen, den, 1.0))
     out = (num * scale[..., None]) / ops.where(seen, den * scale, 1.0)[
         ..., None
     ]
-    out = ops.where(seen[..., None], out, 0.0)
-    scores = None
-    if return_scores:
-        weights = ops.einsum("btnd,bsnd->bnts", phi_q, phi_k)
-        if causal is not None:
-            cols = ops.arange(ops.shape(key)[1])[None, None, None, :]
-            visible = cols < causal.lengths[:, None, :, None]
-            weights = ops.where(visible, weights, 0.0)
-        den = ops.transpose(ops.where(seen, den, 1.0), (0, 2, 1))
-        scores = ops.cast(weights / den[..., None], out_dtype)
-    return ops.cast(out, out_dtype), scores
+    return ops.where(seen[..., None], out, 0.0)
+
+
+def causal_linear_attention(phi_q, phi_k, value, state=None, chunk_size=64):
+    """Causal linear attention as a recurrence, computed in chunks.
+
+    Query i sees the state and the keys at positions j <= i:
+
+    ```text
+    S_i = S_0 + sum_{j <= i} Phi(k_j) v_j^T     z_i = z_0 + sum_{j <= i} Phi(k_j)
+    num_i = Phi(q_i)^T S_i                      den_i = Phi(q_i)^T z_i
+    ```
+
+    (Katharopoulos et al. 2020). Positions are cut into chunks of C: inside
+    a chunk the C x C weights are masked to j <= i; across chunks the state
+    runs (a prefix sum over T / C chunk states). Memory
+    O(T C + (T / C) D Dv), never the T D Dv of a prefix sum per position.
+
+    Args:
+        phi_q: `(B, T, N, D)` Phi(q), float32.
+        phi_k: `(B, T, N, D)` Phi(k) times the key's weight (0 where no key
+            stands at that position).
+        value: `(B, T, N, Dv)`.
+        state: `(S_0 (B, N, D, Dv), z_0 (B, N, D))`, or None for zeros.
+        chunk_size: int C.
+
+    Returns:
+        `(num (B, T, N, Dv), den (B, T, N), (S_T, z_T))`: the state after
+        the last position.
+    """
+    batch, length, heads, dim = shape_of(phi_q)
+    size = chunk_size
+    if isinstance(length, int):
+        size = max(1, min(chunk_size, length))  # no padding past a short T
+    chunks = (length + size - 1) // size
+    dims = {"k": dim, "v": value.shape[-1]}
+
+    def split(x, last):
+        x = zero_pad(x, 1, after=chunks * size - length)
+        return ops.reshape(x, (batch, chunks, size, heads, dims[last]))
+
+    q, k, v = split(phi_q, "k"), split(phi_k, "k"), split(value, "v")
+    inside = ops.einsum("bcind,bcjnd->bcnij", q, k)
+    inside = inside * ops.tril(ops.ones((size, size), inside.dtype))
+    kv = ops.cumsum(ops.einsum("bcjnd,bcjne->bcnde", k, v), axis=1)
+    z = ops.cumsum(ops.sum(k, axis=2), axis=1)  # (B, C', N, D)
+    # The state before each chunk: earlier chunks' sums, plus the state.
+    before_kv = zero_pad(kv[:, :-1], 1, before=1)
+    before_z = zero_pad(z[:, :-1], 1, before=1)
+    final = (kv[:, -1], z[:, -1])
+    if state is not None:
+        state = [ops.cast(s, kv.dtype) for s in state]
+        final = (final[0] + state[0], final[1] + state[1])
+        before_kv = before_kv + state[0][:, None]
+        before_z = before_z + state[1][:, None]
+    num = ops.einsum("bcnij,bcjne->bcine", inside, v)
+    num = num + ops.einsum("bcind,bcnde->bcine", q, before_kv)
+    den = ops.transpose(ops.sum(inside, axis=-1), (0, 1, 3, 2))
+    den = den + ops.einsum("bcind,bcnd->bcin", q, before_z)
+    num = ops.reshape(num, (batch, chunks * size, heads, dims["v"]))
+    den = ops.reshape(den, (batch, chunks * size, heads))
+    return num[:, :length], den[:, :length], final

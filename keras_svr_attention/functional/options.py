@@ -110,6 +110,7 @@ class SVROptions:
     head_factors: tuple = ()
     num_prefix_tokens: int = 0
     kernel: str = "softmax"
+    chunk_size: int = 64
     sparsity: str | None = None
     block_size: int | None = None
     conv_kernel_size: int | None = None
@@ -151,6 +152,7 @@ CORE_OPTIONS = (
     "head_factors",
     "num_prefix_tokens",
     "kernel",
+    "chunk_size",
 )
 """The options `svr_options` checks: the ones every SVR attention takes."""
 
@@ -164,6 +166,7 @@ def svr_options(
     head_factors=None,
     num_prefix_tokens=0,
     kernel="softmax",
+    chunk_size=64,
     heads_name="num_heads",
     **fields,
 ):
@@ -193,5 +196,6 @@ def svr_options(
             "num_prefix_tokens", num_prefix_tokens
         ),
         kernel=kernel,
+        chunk_size=positive_int("chunk_size", chunk_size),
         **fields,
     )

@@ -21,17 +21,22 @@ from keras_svr_attention.functional._tensors import accumulation_dtype
 from keras_svr_attention.functional._tensors import shape_of
 
 
-def running_moments(keys, weights=None, with_variance=False):
+def running_moments(keys, weights=None, with_variance=False, initial=None):
     """Prefix mean (and variance) of the keys: mu_w over keys 0..w.
 
     Args:
         keys: `(B, S, N, D)`.
         weights: `(B|1, S)` 0/1 weights of valid keys, or None.
+        with_variance: bool. Also the population variance.
+        initial: the sums over earlier keys (a recurrent state's
+            `shift`, `key_count`, `key_sum` and, with the variance,
+            `key_square`: `(B, N, D)`, `(B, N)`), or None when these keys
+            come first.
 
     Returns:
-        `(mean, count)` or `(mean, variance, count)`: `(B, S, N, D)` in
-        float32 and the running count `(B|1, S, 1, 1)`. Where no valid key
-        has been seen yet the moments are 0.
+        `(mean, variance, sums)`: `(B, S, N, D)` in float32 (variance None
+        unless asked) and the sums after the last key, the entries of
+        `initial`. Where no valid key has been seen yet the moments are 0.
     """
     dtype = accumulation_dtype(keys.dtype)
     keys = ops.cast(keys, dtype)
@@ -39,16 +44,35 @@ def running_moments(keys, weights=None, with_variance=False):
     if weights is None:
         weights = ops.ones((1, num_keys), dtype)
     weights = ops.reshape(ops.cast(weights, dtype), (-1, num_keys, 1, 1))
-    shift = keys[:, :1] if with_variance else 0.0  # see key_moments
+    # Moments of k - k_0 (see key_moments); k_0 stays the first key ever.
+    shift = keys[:, :1] if initial is None else initial["shift"][:, None]
     keys = keys - shift
-    count = ops.cumsum(weights, axis=1)
+    feats = {"key_count": weights, "key_sum": keys * weights}
+    if with_variance:
+        feats["key_square"] = ops.square(keys) * weights
+    sums = {name: ops.cumsum(f, axis=1) for name, f in feats.items()}
+    if initial is not None:
+        sums["key_count"] = sums["key_count"] + initial["key_count"][
+            :, None, :, None
+        ]
+        for name in ("key_sum", "key_square"):
+            if name in sums:
+                sums[name] = sums[name] + initial[name][:, None]
+    count = sums["key_count"]
     safe = ops.maximum(count, 1.0)
-    mean = ops.cumsum(keys * weights, axis=1) / safe
-    if not with_variance:
-        return mean, count
-    square = ops.cumsum(ops.square(keys) * weights, axis=1) / safe
-    variance = ops.maximum(square - ops.square(mean), 0.0)
-    return ops.where(count > 0, mean + shift, 0.0), variance, count
+    mean = sums["key_sum"] / safe
+    variance = None
+    if with_variance:
+        square = sums["key_square"] / safe
+        variance = ops.maximum(square - ops.square(mean), 0.0)
+    mean = ops.where(count > 0, mean + shift, 0.0)
+    batch, _, heads, _ = shape_of(mean)
+    totals = {name: total[:, -1] for name, total in sums.items()}
+    totals["key_count"] = ops.broadcast_to(
+        totals["key_count"][..., 0], (batch, heads)
+    )
+    totals["shift"] = shift[:, 0]
+    return mean, variance, totals
 
 
 def key_moments(keys, mask=None, with_variance=False):
@@ -183,8 +207,8 @@ def recenter_linear(query, key, beta, options, key_weights=None, causal=None):
             moments if options.standardize else (moments, None)
         )
     else:
-        running = running_moments(key, key_weights, options.standardize)[:-1]
-        key_moments_ = tuple(running) + (None,) * (2 - len(running))
+        running = running_moments(key, key_weights, options.standardize)
+        key_moments_ = running[:2]
         query_moments = tuple(
             None if m is None else causal.gather(m) for m in key_moments_
         )

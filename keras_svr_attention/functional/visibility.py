@@ -40,6 +40,7 @@ from keras_svr_attention.functional._tensors import align_prefix
 from keras_svr_attention.functional._tensors import gather_prefix
 from keras_svr_attention.functional._tensors import shape_of
 from keras_svr_attention.functional._tensors import size_tensor
+from keras_svr_attention.functional._tensors import zero_pad
 
 
 class CausalPrefix(NamedTuple):
@@ -52,13 +53,38 @@ class CausalPrefix(NamedTuple):
         num_prefix_tokens: int p.
         aligned: bool. Query i stands at position i (no cache offset), so
             that prefix sums are laid on positions (`_tensors.align_prefix`)
-            rather than gathered at `lengths`.
+            rather than gathered at `lengths`, and keys laid on positions
+            (`lay`) for the chunked recurrence.
+        chunk_size: int. Chunk of `kernels.causal_linear_attention`.
     """
 
     lengths: object
     factor: int = 1
     num_prefix_tokens: int = 0
     aligned: bool = False
+    chunk_size: int = 64
+
+    def lay(self, keys, num_queries):
+        """The (pooled) `keys` `(B, S', ...)` laid on positions
+        `(B, T, ...)`: each at the position where its span ends (prefix
+        token j at j, window w at p + (w + 1) r - 1; the rules page,
+        "Causal windows"), zeros elsewhere, so that query i sees the keys
+        at positions <= i. Repeats and a mask, no scatter.
+        """
+        p, r = self.num_prefix_tokens, self.factor
+        rest = keys[:, p:]
+        if r > 1:
+            rest = ops.repeat(rest, r, axis=1)
+            ends = ops.arange(shape_of(rest)[1], dtype="int32") % r == r - 1
+            ends = ops.reshape(ends, (1, -1) + (1,) * (len(keys.shape) - 2))
+            rest = ops.where(ends, rest, ops.zeros_like(rest))
+        laid = ops.concatenate([keys[:, :p], rest], axis=1) if p else rest
+        length = shape_of(laid)[1]
+        if isinstance(length, int) and isinstance(num_queries, int):
+            more = max(num_queries - length, 0)
+        else:  # symbolic: pad by T, then cut (no branch on sizes)
+            more = num_queries
+        return zero_pad(laid, 1, after=more)[:, :num_queries]
 
     def gather(self, prefix):
         """`prefix` `(B, S', ...)` summed over keys 0..j -> `(B, T, ...)`,
@@ -227,7 +253,7 @@ def plan_head_groups(
         groups = [(1, heads) for _, heads in groups]
     if options.kernel == "linear":
         return _plan_linear(
-            groups, p, num_queries, num_keys, query_mask, key_padding,
+            groups, options, num_queries, num_keys, query_mask, key_padding,
             attention_mask, causal, offset,
         )  # fmt: skip
     constraints = masks_lib.merge_masks(
@@ -299,10 +325,11 @@ def _plan_pooled(factor, heads, p, mask, shapes, causal, offset, pending):
 
 
 def _plan_linear(
-    groups, p, num_queries, num_keys, query_mask, key_padding,
+    groups, options, num_queries, num_keys, query_mask, key_padding,
     attention_mask, causal, offset,
 ):  # fmt: skip
     """Linear kernel: key weights, and causal prefix lengths by position."""
+    p = options.num_prefix_tokens
     if attention_mask is not None:
         if attention_mask.shape[1] != 1 or attention_mask.shape[2] != 1:
             raise ValueError(
@@ -332,7 +359,9 @@ def _plan_linear(
             )
             total = pooling.pooled_length(num_keys, factor, p)
             lengths = ops.minimum(seen, size_tensor(total))
-            prefix = CausalPrefix(lengths, factor, p, aligned=at_zero)
+            prefix = CausalPrefix(
+                lengths, factor, p, at_zero, options.chunk_size
+            )
         plan.append(
             HeadGroup(
                 factor,

@@ -6,6 +6,7 @@ from keras import ops
 
 from keras_svr_attention.functional import attention
 from keras_svr_attention.functional import masks as masks_lib
+from keras_svr_attention.functional import recurrent
 from keras_svr_attention.functional import visibility
 from keras_svr_attention.functional._tensors import shape_of
 
@@ -94,6 +95,22 @@ class SVRLayer:
         return attention.svr_attention(
             query, key, value, plan, attend, return_scores, transform_key
         )
+
+    def _linear_recurrence(
+        self, query, key, value, query_mask, key_padding, state
+    ):
+        """The linear kernel from a recurrent state: projected heads of
+        the new tokens -> `(output (B, T, N, Dv), new state)`
+        (`functional.recurrent.linear_recurrence`); padded queries output
+        zeros."""
+        beta = self.beta_weight if self.options.learn_beta else None
+        output, state = recurrent.linear_recurrence(
+            query, key, value, state, self._plan_options, beta, key_padding
+        )
+        if query_mask is not None:
+            valid = ops.cast(query_mask, "bool")[:, :, None, None]
+            output = ops.where(valid, output, ops.zeros_like(output))
+        return output, state
 
     def _compute_attention(
         self,

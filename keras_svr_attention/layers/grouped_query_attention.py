@@ -48,6 +48,8 @@ class SVRGroupedQueryAttention(
         head_factors: one int >= 1 per key/value head, or None (all 1).
         num_prefix_tokens: int. Leading tokens that are never pooled.
         kernel: "softmax" or "linear".
+        chunk_size: int > 0. Chunk of the causal linear kernel's
+            recurrence (`SVRAttention`).
 
     Examples:
         >>> layer = SVRGroupedQueryAttention(
@@ -73,6 +75,7 @@ class SVRGroupedQueryAttention(
         head_factors=None,
         num_prefix_tokens=0,
         kernel="softmax",
+        chunk_size=64,
         **kwargs,
     ):
         for name, value in (
@@ -93,7 +96,7 @@ class SVRGroupedQueryAttention(
         )  # fmt: skip
         self.options = options_lib.svr_options(
             self.num_key_value_heads, beta, standardize, learn_beta, epsilon,
-            head_factors, num_prefix_tokens, kernel,
+            head_factors, num_prefix_tokens, kernel, chunk_size,
             heads_name="num_key_value_heads",
             sliding_window=self.sliding_window,
         )  # fmt: skip

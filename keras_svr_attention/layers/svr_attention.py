@@ -6,6 +6,7 @@ from keras import ops
 
 from keras_svr_attention.api_export import svr_export
 from keras_svr_attention.functional import conv
+from keras_svr_attention.functional import recurrent
 from keras_svr_attention.functional._tensors import shape_of
 from keras_svr_attention.layers import _common as common
 from keras_svr_attention.layers import _validation as check
@@ -98,6 +99,11 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
             shifts both q and k before Phi (causal: query i by the mean of
             the keys it sees, key j by the mean of keys 0..j). Defaults to
             "softmax".
+        chunk_size: int > 0. The causal linear kernel runs as a recurrence
+            over chunks of this many positions (quadratic inside a chunk,
+            a running D x Dv state across chunks): memory
+            O(T C + (T / C) D Dv). Defaults to 64
+            (`benchmarks/linear_decoding.py`).
         sparsity: None, "local", "strided" or "fixed". A sparse pattern:
             query i fits its SVR on the subset M_i of keys allowed by the
             pattern (Child et al. 2019; `functional.masks`), with
@@ -197,6 +203,7 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
         head_factors=None,
         num_prefix_tokens=0,
         kernel="softmax",
+        chunk_size=64,
         sparsity=None,
         block_size=None,
         conv_kernel_size=None,
@@ -210,7 +217,7 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
             conv_kernel_size, conv_grid, use_keras_masks, beta=beta,
             standardize=standardize, learn_beta=learn_beta, epsilon=epsilon,
             head_factors=head_factors, num_prefix_tokens=num_prefix_tokens,
-            kernel=kernel,
+            kernel=kernel, chunk_size=chunk_size,
         )  # fmt: skip
         newer = {}
         if self.options.use_gate:  # keras_supports("use_gate") was checked
@@ -330,6 +337,18 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
             def transform_key(key):
                 return self._convolve(key, self.key_conv, use_causal_mask)
 
+        if isinstance(cache, dict):  # the linear kernel's recurrent state
+            self._check_state_call(
+                query, value, attention_mask, return_attention_scores,
+                use_causal_mask, cache_update_index,
+            )  # fmt: skip
+            key, value = self._key_dense(key), self._value_dense(value)
+            output, cache = self._linear_recurrence(
+                query, key, value, query_mask, key_padding, cache
+            )
+            return self._output_dense(
+                output if gate is None else ops.multiply(output, gate)
+            ), cache
         offset, pending = 0, None
         if cache is None:
             if cache_update_index is not None:
@@ -353,6 +372,77 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
         results = (output,) + (scores,) * bool(return_attention_scores)
         results += (cache,) * (cache is not None)
         return results[0] if len(results) == 1 else results
+
+    def get_initial_state(self, batch_size):
+        """The recurrent state before any token (`kernel="linear"`).
+
+        Decoding as a Keras RNN cell does: `state =
+        layer.get_initial_state(batch_size)`, then `y, state = layer(x, x,
+        cache=state, use_causal_mask=True)` for a prompt of any length or
+        one token at a time. The state's shapes do not grow with the
+        tokens seen (`functional.recurrent.initial_state`); the outputs
+        equal the full causal forward's.
+
+        Args:
+            batch_size: int.
+
+        Returns:
+            A dict of tensors (`functional.recurrent.initial_state`).
+
+        Examples:
+            >>> layer = SVRAttention(num_heads=2, key_dim=8, kernel="linear")
+            >>> x = keras.random.normal((1, 5, 16), seed=0)
+            >>> state = layer.get_initial_state(1)
+            >>> y, state = layer(x, x, cache=state, use_causal_mask=True)
+            >>> tuple(state["kv"].shape)
+            (1, 2, 8, 8)
+        """
+        if self.options.kernel != "linear":
+            raise ValueError(
+                "`get_initial_state` needs kernel='linear': softmax "
+                "attention has no state of fixed size. Decode with a "
+                "key/value cache of shape (B, 2, S, num_heads, key_dim) and "
+                "`cache_update_index` instead (KerasHub's "
+                "CachedMultiHeadAttention contract). Received: "
+                f"kernel={self.options.kernel!r}"
+            )
+        if self.options.conv_kernel_size:
+            raise ValueError(
+                "`get_initial_state` needs no `conv_kernel_size`: the "
+                "convolution of a key needs the tokens after it. Received: "
+                f"conv_kernel_size={self.options.conv_kernel_size!r}"
+            )
+        return recurrent.initial_state(
+            self.options, batch_size, self._key_dim,
+            self._value_dim or self._key_dim,
+        )  # fmt: skip
+
+    def _check_state_call(
+        self, query, value, attention_mask, return_scores, causal, index
+    ):
+        """A call with a recurrent state: what it needs, or a ValueError."""
+        problem = None
+        if not causal:
+            problem = "`use_causal_mask=True` (the state is causal)"
+        elif index is not None:
+            problem = "no `cache_update_index` (the state holds its position)"
+        elif attention_mask is not None:
+            problem = "no `attention_mask` (pass padding as `value_mask`)"
+        elif return_scores:
+            problem = "no `return_attention_scores` (no key is kept)"
+        elif query.shape[1] != value.shape[1]:
+            problem = "`query` and `value` of the same new tokens"
+        if problem:
+            raise ValueError(
+                f"A recurrent state as `cache` needs {problem}. Received: "
+                f"use_causal_mask={causal}, cache_update_index={index!r}, "
+                f"attention_mask={'given' if attention_mask is not None else None}"
+                f", return_attention_scores={return_scores}, "
+                f"query.shape={tuple(query.shape)}, "
+                f"value.shape={tuple(value.shape)}"
+            )
+        if self.options.conv_kernel_size or self.options.kernel != "linear":
+            self.get_initial_state(1)  # raises its error
 
     def _cached(self, cache, index, key, value, key_padding):
         """KerasHub's `CachedMultiHeadAttention` contract.
@@ -445,6 +535,11 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
                 num_keys,
             )
             results += (keras.KerasTensor(scores_shape, self.compute_dtype),)
+        if isinstance(cache, dict):
+            return results[0], {
+                name: keras.KerasTensor(tensor.shape, dtype=tensor.dtype)
+                for name, tensor in cache.items()
+            }
         if cache is not None:
             results += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
         return results[0] if len(results) == 1 else results

@@ -1,0 +1,218 @@
+"""Causal linear attention as a recurrence: a decoding state whose size
+does not grow with the tokens seen (the rules page, "Linear state").
+
+Under causality the linear kernel is a running sum (Katharopoulos et al.
+2020, "Transformers are RNNs"):
+
+```text
+S_t = S_{t-1} + Phi(k'_t) v_t^T        z_t = z_{t-1} + Phi(k'_t)
+h_t = Phi(q'_t)^T S_t / Phi(q'_t)^T z_t
+```
+
+and each option keeps that form exactly, with a few more running sums:
+
+- SH: a pooled window enters S and z at the position where its span ends
+  (the rules page, "Causal windows"); until then its valid tokens' sums
+  wait in `window_keys`, `window_values` and `window_count`.
+- BN: key j is shifted by the mean of the (pooled) keys 0..j, its own
+  prefix, and query t by the mean of the keys it sees; both are running
+  means (`key_sum`, `key_count`, and `key_square` under `standardize`), so
+  Phi(k'_j) never changes once j is in S. The rule that would recenter
+  every key by each query's mean (Phi(k_j - b mu_t)) has no finite state;
+  ours is the rule of the full forward, so the state reproduces it.
+
+A call takes the T new tokens at positions `position .. position + T - 1`
+at once: the new keys are laid on those positions (pooled windows at their
+ends, continuing the pending window) and `kernels.causal_linear_attention`
+runs the chunked recurrence from the state.
+"""
+
+from keras import ops
+
+from keras_svr_attention.functional import kernels
+from keras_svr_attention.functional import statistics
+from keras_svr_attention.functional import visibility
+from keras_svr_attention.functional._tensors import shape_of
+from keras_svr_attention.functional._tensors import zero_pad
+
+
+def initial_state(options, batch_size, key_dim, value_dim):
+    """The state before any token: a dict of zeros.
+
+    Entries (N = `len(options.head_factors)` heads, float32):
+    `position` `(B,)` int32, the tokens seen; `kv` `(B, N, D, Dv)` and `z`
+    `(B, N, D)`, S and z; with pooled heads `window_keys` `(B, N, D)`,
+    `window_values` `(B, N, Dv)`, `window_count` `(B, N)`, the window
+    still open; under BN `shift` (the first key), `key_count`, `key_sum`
+    and, with `standardize`, `key_square`.
+    """
+    heads = len(options.head_factors)
+    sizes = {
+        "kv": (heads, key_dim, value_dim),
+        "z": (heads, key_dim),
+    }
+    if max(options.head_factors) > 1:
+        sizes.update(
+            window_keys=(heads, key_dim),
+            window_values=(heads, value_dim),
+            window_count=(heads,),
+        )
+    if options.uses_bn:
+        sizes.update(
+            shift=(heads, key_dim), key_count=(heads,), key_sum=(heads, key_dim)
+        )
+        if options.standardize:
+            sizes["key_square"] = (heads, key_dim)
+    state = {"position": ops.zeros((batch_size,), "int32")}
+    for name, shape in sizes.items():
+        state[name] = ops.zeros((batch_size, *shape), "float32")
+    return state
+
+
+def linear_recurrence(query, key, value, state, options, beta=None, valid=None):
+    """Causal linear attention of T new tokens from `state`.
+
+    Args:
+        query: `(B, T, N, D)`. key: `(B, T, N, D)`. value: `(B, T, N, Dv)`:
+            the projected heads of the new tokens.
+        state: `initial_state(...)` or a state this returned.
+        options: `SVROptions` (`head_factors`, `num_prefix_tokens`, BN,
+            `chunk_size`).
+        beta: b, a float or scalar tensor, or None for `options.beta`.
+        valid: `(B, T)` boolean key padding of the new tokens, or None.
+
+    Returns:
+        `(output (B, T, N, Dv) in value.dtype, new state)`. The outputs
+        equal the full causal forward's at the same positions.
+    """
+    num_heads = query.shape[2]
+    start = state["position"][:1]  # every row stands at the same position
+    groups = {}
+    for head, factor in enumerate(options.head_factors):
+        groups.setdefault(factor, []).append(head)
+    outputs, states, order = [], [], []
+    for factor, heads in groups.items():
+        pick = {
+            name: visibility.select_heads(tensor, heads, num_heads, 1)
+            for name, tensor in state.items()
+            if name != "position"
+        }
+        q, k, v = (
+            visibility.select_heads(x, heads, num_heads, 2)
+            for x in (query, key, value)
+        )
+        out, new = _group_step(q, k, v, valid, pick, factor, options, beta, start)
+        outputs.append(out)
+        states.append(new)
+        order += heads
+    inverse = [order.index(h) for h in range(num_heads)]
+
+    def merge(parts, axis):
+        x = parts[0] if len(parts) == 1 else ops.concatenate(parts, axis)
+        return visibility.select_heads(x, inverse, num_heads, axis)
+
+    new_state = {name: merge([s[name] for s in states], 1) for name in states[0]}
+    new_state["position"] = state["position"] + shape_of(query)[1]
+    output = ops.cast(merge(outputs, 2), value.dtype)
+    return output, new_state
+
+
+def _group_step(query, key, value, valid, state, factor, options, beta, start):
+    """One group of heads sharing `factor`: lay, recenter, recur."""
+    laid_k, laid_v, weights, window = lay_new_tokens(
+        key, value, valid, state, factor, options.num_prefix_tokens, start
+    )
+    new = {name: state[name] for name in state if name.startswith("window")}
+    new.update(window)
+    if options.uses_bn:
+        beta = (options.beta or 0.0) if beta is None else beta
+        names = ("key_count", "key_sum", "key_square")
+        initial = {name: state[name] for name in names if name in state}
+        # The shift is the first pooled key, as in the full forward; no
+        # key has entered the sums before its position.
+        p = options.num_prefix_tokens
+        first = 0 if p or factor == 1 else factor - 1
+        here = first - start[0]
+        inside = ops.logical_and(here >= 0, here < shape_of(laid_k)[1])
+        first = ops.take(laid_k, ops.maximum(here, 0)[None], axis=1)[:, 0]
+        initial["shift"] = ops.where(inside, first, state["shift"])
+        mean, variance, sums = statistics.running_moments(
+            laid_k, weights, options.standardize, initial
+        )
+        new.update(sums)
+        query, laid_k = (
+            statistics.normalize(x, mean, variance, beta, options.epsilon)
+            for x in (query, laid_k)
+        )
+    phi_q = kernels.elu_feature_map(ops.cast(query, "float32"))
+    phi_k = kernels.elu_feature_map(ops.cast(laid_k, "float32"))
+    phi_k = phi_k * weights[:, :, None, None]
+    num, den, (kv, z) = kernels.causal_linear_attention(
+        phi_q, phi_k, laid_v, (state["kv"], state["z"]), options.chunk_size
+    )
+    new.update(kv=kv, z=z)
+    return kernels.divide_rows(num, den), new
+
+
+def lay_new_tokens(key, value, valid, state, factor, num_prefix_tokens, start):
+    """The group's keys and values of the new tokens, laid on positions.
+
+    Unpooled: the tokens themselves, weighted by `valid`. Pooled by r: at
+    the position where window w ends, the mean of its valid tokens (those
+    of this call and the window's earlier tokens kept in `state`), weight
+    1 when it holds one; 0 elsewhere. Prefix tokens (positions < p) stand
+    alone. Window sums are differences of prefix sums over the new tokens.
+
+    Returns:
+        `(keys, values, weights (B|1, T) float32, window)`: `window` the
+        open window's sums after the last token (empty when unpooled).
+    """
+    key, value = ops.cast(key, "float32"), ops.cast(value, "float32")
+    length = shape_of(key)[1]
+    weights = ops.ones((1, length), "float32")
+    if valid is not None:
+        weights = ops.cast(valid, "float32")
+    if factor == 1:
+        return key, value, weights, {}
+    local = ops.arange(length, dtype="int32")
+    rel = start + local - num_prefix_tokens  # (T,) position - p
+    prefix = rel < 0
+    into = ops.where(prefix, 0, rel % factor)  # place inside its window
+    ends = ops.logical_and(ops.logical_not(prefix), into == factor - 1)
+    begin = local - into  # the window's first token, < 0: an earlier call
+    earlier = ops.cast(begin < 0, "float32")
+    index = ops.maximum(begin, 0)
+    sums = []
+    for x, name in (
+        (weights, "window_count"),
+        (key * weights[:, :, None, None], "window_keys"),
+        (value * weights[:, :, None, None], "window_values"),
+    ):
+        total = zero_pad(ops.cumsum(x, axis=1), 1, before=1)
+        window = total[:, 1:] - ops.take(total, index, axis=1)
+        pending = state[name]  # (B, n, ...): the open window's sums
+        if name == "window_count":
+            pending = pending[:, 0]  # every head of the group counts alike
+        shape = (1, -1) + (1,) * (len(window.shape) - 2)
+        window = window + ops.reshape(earlier, shape) * pending[:, None]
+        sums.append(window)
+    count, key_sum, value_sum = sums
+    divisor = ops.maximum(count, 1.0)[:, :, None, None]
+    flags = (1, -1, 1, 1)
+    laid_k = ops.where(ops.reshape(prefix, flags), key, key_sum / divisor)
+    laid_v = ops.where(ops.reshape(prefix, flags), value, value_sum / divisor)
+    pooled = ops.cast(ops.logical_and(ends[None], count > 0), "float32")
+    weights = ops.where(prefix[None], weights, pooled)
+    # The window left open after the last token (none if it just ended).
+    still_open = ops.cast(
+        ops.logical_not(ops.logical_or(ends[-1], prefix[-1])), "float32"
+    )
+    heads = key.shape[2]
+    window = {
+        "window_count": ops.repeat(
+            count[:, -1:] * still_open, heads, axis=1
+        ),
+        "window_keys": key_sum[:, -1] * still_open,
+        "window_values": value_sum[:, -1] * still_open,
+    }
+    return laid_k, laid_v, weights, window
