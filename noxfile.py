@@ -313,8 +313,9 @@ def examples(session, backend):
 @nox.session
 @nox.parametrize("backend", BACKENDS)
 def bench(session, backend):
-    """FLOPs/memory (XLA, jax), speed against MHA, augmentation cost."""
-    _install(session, backend, "examples")
+    """FLOPs/memory (XLA, jax), speed against MHA, augmentation cost,
+    decoding cost per token (linear state against key/value caches)."""
+    _install(session, backend, "examples,hub", hub=True)
     out = "benchmarks/results"
     env = _env(backend)
     if backend == "jax":
@@ -329,6 +330,9 @@ def bench(session, backend):
     session.run("python", "benchmarks/speed.py", "--output", out, env=env)
     session.run(
         "python", "benchmarks/augmentation.py", "--output", out, env=env
+    )
+    session.run(
+        "python", "benchmarks/linear_decoding.py", "--output", out, env=env
     )
 
 

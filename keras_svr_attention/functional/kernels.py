@@ -202,7 +202,8 @@ def linear_attention(
         weights = ops.einsum("btnd,bsnd->bnts", phi_q, phi_k)
         if causal is not None:
             cols = ops.arange(shape_of(key)[1], dtype="int32")
-            visible = cols[None, None, None, :] < causal.lengths[:, None, :, None]
+            lengths = ops.convert_to_tensor(causal.lengths)
+            visible = cols[None, None, None, :] < lengths[:, None, :, None]
             weights = ops.where(visible, weights, 0.0)
         num = ops.einsum("bnts,bsne->btne", weights, value)
         den = ops.transpose(ops.sum(weights, axis=-1), (0, 2, 1))

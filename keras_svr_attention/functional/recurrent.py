@@ -132,9 +132,10 @@ def _group_step(query, key, value, valid, state, factor, options, beta, start):
         # key has entered the sums before its position.
         p = options.num_prefix_tokens
         first = 0 if p or factor == 1 else factor - 1
-        here = first - start[0]
-        inside = ops.logical_and(here >= 0, here < shape_of(laid_k)[1])
-        first = ops.take(laid_k, ops.maximum(here, 0)[None], axis=1)[:, 0]
+        here, last = first - start[0], shape_of(laid_k)[1] - 1
+        inside = ops.logical_and(here >= 0, here <= last)
+        here = ops.minimum(ops.maximum(here, 0), last)
+        first = ops.take(laid_k, here[None], axis=1)[:, 0]
         initial["shift"] = ops.where(inside, first, state["shift"])
         mean, variance, sums = statistics.running_moments(
             laid_k, weights, options.standardize, initial

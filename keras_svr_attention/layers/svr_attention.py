@@ -316,14 +316,7 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
         cache_update_index=None,
     ):
         if return_attention_scores and self._flash_attention:
-            raise ValueError(
-                "Returning attention scores is not supported when flash "
-                "attention is enabled. Please disable flash attention to "
-                "access attention scores (`return_attention_scores=True`). "
-                f"Received: flash_attention={self.options.flash_attention!r}, "
-                f"in effect {self._flash_attention!r} (None follows "
-                "keras.config.enable_flash_attention())"
-            )
+            self._refuse_scores_under_flash()
         query, value, key, query_mask, key_padding = common.input_masks(
             query, value, key, query_mask, value_mask, key_mask,
             self.options.use_keras_masks,
@@ -338,17 +331,11 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
                 return self._convolve(key, self.key_conv, use_causal_mask)
 
         if isinstance(cache, dict):  # the linear kernel's recurrent state
-            self._check_state_call(
-                query, value, attention_mask, return_attention_scores,
-                use_causal_mask, cache_update_index,
+            return self._call_with_state(
+                query, key, value, gate, query_mask, key_padding,
+                attention_mask, return_attention_scores, use_causal_mask,
+                cache, cache_update_index,
             )  # fmt: skip
-            key, value = self._key_dense(key), self._value_dense(value)
-            output, cache = self._linear_recurrence(
-                query, key, value, query_mask, key_padding, cache
-            )
-            return self._output_dense(
-                output if gate is None else ops.multiply(output, gate)
-            ), cache
         offset, pending = 0, None
         if cache is None:
             if cache_update_index is not None:
@@ -372,6 +359,33 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
         results = (output,) + (scores,) * bool(return_attention_scores)
         results += (cache,) * (cache is not None)
         return results[0] if len(results) == 1 else results
+
+    def _refuse_scores_under_flash(self):
+        raise ValueError(
+            "Returning attention scores is not supported when flash "
+            "attention is enabled. Please disable flash attention to "
+            "access attention scores (`return_attention_scores=True`). "
+            f"Received: flash_attention={self.options.flash_attention!r}, "
+            f"in effect {self._flash_attention!r} (None follows "
+            "keras.config.enable_flash_attention())"
+        )
+
+    def _call_with_state(
+        self, query, key, value, gate, query_mask, key_padding,
+        attention_mask, return_scores, causal, state, index,
+    ):  # fmt: skip
+        """`call` with a recurrent state as `cache` (`get_initial_state`):
+        projected query, raw key and value -> `(output, new state)`."""
+        self._check_state_call(
+            query, value, attention_mask, return_scores, causal, index
+        )
+        output, state = self._linear_recurrence(
+            query, self._key_dense(key), self._value_dense(value),
+            query_mask, key_padding, state,
+        )  # fmt: skip
+        if gate is not None:
+            output = ops.multiply(output, gate)
+        return self._output_dense(output), state
 
     def get_initial_state(self, batch_size):
         """The recurrent state before any token (`kernel="linear"`).
