@@ -127,7 +127,8 @@ def interleaved(steps, repeats):
 def nbytes(tree):
     return int(
         sum(
-            np.prod(t.shape) * np.dtype(keras.backend.standardize_dtype(t.dtype)).itemsize
+            np.prod(t.shape)
+            * np.dtype(keras.backend.standardize_dtype(t.dtype)).itemsize
             for t in keras.tree.flatten(tree)
         )
     )
@@ -166,7 +167,11 @@ def decoding(contexts, repeats):
                 f"{sizes[variant] / 2**20:9.2f} MiB",
                 flush=True,
             )
-    first = {r["variant"]: r["ms_per_token"] for r in rows if r["context"] == contexts[0]}
+    first = {
+        r["variant"]: r["ms_per_token"]
+        for r in rows
+        if r["context"] == contexts[0]
+    }
     for r in rows:
         r["ratio_to_shortest"] = r["ms_per_token"] / first[r["variant"]]
     return rows
@@ -187,9 +192,7 @@ def train_temp_bytes(kind, length, causal, chunk_size=64):
     trainable = [v.value for v in layer.trainable_variables]
 
     def loss(trainable, x):
-        y, _ = layer.stateless_call(
-            trainable, [], x, x, use_causal_mask=causal
-        )
+        y, _ = layer.stateless_call(trainable, [], x, x, use_causal_mask=causal)
         return ops.sum(ops.square(y))
 
     spec = jax.ShapeDtypeStruct(x.shape, "float32")
@@ -201,7 +204,11 @@ def train_temp_bytes(kind, length, causal, chunk_size=64):
 def memory(lengths, chunk_sizes, repeats):
     rows = []
     for length in lengths:
-        for kind, causal in (("mha", True), ("linear", False), ("linear", True)):
+        for kind, causal in (
+            ("mha", True),
+            ("linear", False),
+            ("linear", True),
+        ):
             temp = train_temp_bytes(kind, length, causal)[0]
             rows.append(
                 {
@@ -210,8 +217,11 @@ def memory(lengths, chunk_sizes, repeats):
                     "temp_MiB": temp / 2**20,
                 }
             )
-            print(f"train T={length:6d} {rows[-1]['layer']:14s} "
-                  f"{rows[-1]['temp_MiB']:9.1f} MiB", flush=True)
+            print(
+                f"train T={length:6d} {rows[-1]['layer']:14s} "
+                f"{rows[-1]['temp_MiB']:9.1f} MiB",
+                flush=True,
+            )
     chunks, steps = [], {}
     for size in chunk_sizes:
         temp, fn, trainable, x = train_temp_bytes("linear", 4096, True, size)
@@ -223,8 +233,11 @@ def memory(lengths, chunk_sizes, repeats):
     times = interleaved(steps, repeats)
     for row in chunks:
         row["ms"] = 1000 * statistics.median(times[row["chunk_size"]])
-        print(f"chunk {row['chunk_size']:4d}: {row['temp_MiB']:8.1f} MiB "
-              f"{row['ms']:8.1f} ms", flush=True)
+        print(
+            f"chunk {row['chunk_size']:4d}: {row['temp_MiB']:8.1f} MiB "
+            f"{row['ms']:8.1f} ms",
+            flush=True,
+        )
     return rows, chunks
 
 
@@ -253,8 +266,13 @@ def markdown(result):
             f"| {r['T']} | {r['layer']} | {r['temp_MiB']:.1f} |"
             for r in result["train"]
         ]
-        lines += ["", "Causal linear train step, T = 4096:", "",
-                  "| chunk_size | MiB | ms |", "|---|---|---|"]
+        lines += [
+            "",
+            "Causal linear train step, T = 4096:",
+            "",
+            "| chunk_size | MiB | ms |",
+            "|---|---|---|",
+        ]
         lines += [
             f"| {r['chunk_size']} | {r['temp_MiB']:.1f} | {r['ms']:.1f} |"
             for r in result["chunks"]

@@ -14,6 +14,7 @@ from keras_svr_attention.api_export import svr_export
 from keras_svr_attention.convert import _keras_internals as internals
 from keras_svr_attention.convert import _llm_hook as llm
 from keras_svr_attention.convert import _record as record
+from keras_svr_attention.convert import _state_decoding as state_decoding
 from keras_svr_attention.functional.options import factors_per_head
 from keras_svr_attention.layers import presets
 from keras_svr_attention.layers.grouped_query_attention import (
@@ -187,6 +188,9 @@ def replace_attention(
         )
     presets.options_for(attention, 1, check_only=True)
     convertible = _convertible_layers(model, skip_unsupported)
+    state = _decodes_with_state(model, attention, options, convertible)
+    if state:
+        options = {**options, "state_cache": True}
     configs = {
         id(layer): _svr_config(layer, attention, options)
         for layer in convertible
@@ -217,7 +221,22 @@ def replace_attention(
     swapped = _swap_attributes(new, old_layers, configs)
     record.record_conversion(new, swapped)
     _copy_weights(old_layers, internals.flatten_layers(new))
-    return new
+    return state_decoding.mark(new) if state else new
+
+
+def _decodes_with_state(model, attention, options, layers):
+    """A KerasHub causal LM converted to the linear kernel whose every
+    attention is KerasHub's cached one: it generates with the recurrent
+    state (`_state_decoding`)."""
+    kernel = options.get("kernel") or presets.options_for(attention, 1).get(
+        "kernel", "softmax"
+    )
+    cached = _cached_attention_class()
+    return (
+        kernel == "linear"
+        and state_decoding.can_decode_with_state(model)
+        and all(type(layer) is cached for layer in layers)
+    )
 
 
 def _convertible_layers(model, skip_unsupported):

@@ -238,8 +238,9 @@ def causal_linear_attention(phi_q, phi_k, value, state=None, chunk_size=64):
     Query i sees the state and the keys at positions j <= i:
 
     ```text
-    S_i = S_0 + sum_{j <= i} Phi(k_j) v_j^T     z_i = z_0 + sum_{j <= i} Phi(k_j)
-    num_i = Phi(q_i)^T S_i                      den_i = Phi(q_i)^T z_i
+    S_i = S_0 + sum_{j <= i} Phi(k_j) v_j^T
+    z_i = z_0 + sum_{j <= i} Phi(k_j)
+    num_i = Phi(q_i)^T S_i,    den_i = Phi(q_i)^T z_i
     ```
 
     (Katharopoulos et al. 2020). Positions are cut into chunks of C: inside

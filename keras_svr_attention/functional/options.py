@@ -119,6 +119,7 @@ class SVROptions:
     use_gate: bool = False
     flash_attention: bool | None = None
     use_keras_masks: bool = True
+    state_cache: bool = False
 
     @property
     def uses_bn(self):

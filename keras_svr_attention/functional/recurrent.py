@@ -35,6 +35,12 @@ from keras_svr_attention.functional import visibility
 from keras_svr_attention.functional._tensors import shape_of
 from keras_svr_attention.functional._tensors import zero_pad
 
+ORDER = (
+    "position", "kv", "z", "window_keys", "window_values", "window_count",
+    "shift", "key_count", "key_sum", "key_square",
+)  # fmt: skip
+"""The entries of a state, in the order `pack_state` lays them."""
+
 
 def initial_state(options, batch_size, key_dim, value_dim):
     """The state before any token: a dict of zeros.
@@ -69,7 +75,9 @@ def initial_state(options, batch_size, key_dim, value_dim):
     return state
 
 
-def linear_recurrence(query, key, value, state, options, beta=None, valid=None):
+def linear_recurrence(
+    query, key, value, state, options, beta=None, valid=None, limit=None
+):
     """Causal linear attention of T new tokens from `state`.
 
     Args:
@@ -80,6 +88,10 @@ def linear_recurrence(query, key, value, state, options, beta=None, valid=None):
             `chunk_size`).
         beta: b, a float or scalar tensor, or None for `options.beta`.
         valid: `(B, T)` boolean key padding of the new tokens, or None.
+        limit: int scalar tensor, or None. Only the tokens at positions
+            < `limit` enter the state (a prefill over a padded buffer,
+            after which decoding resumes at `limit`); every token still
+            gets its output.
 
     Returns:
         `(output (B, T, N, Dv) in value.dtype, new state)`. The outputs
@@ -87,6 +99,12 @@ def linear_recurrence(query, key, value, state, options, beta=None, valid=None):
     """
     num_heads = query.shape[2]
     start = state["position"][:1]  # every row stands at the same position
+    length = shape_of(query)[1]
+    taken = length
+    if limit is not None:
+        taken = ops.clip(ops.cast(limit, "int32") - start[0], 0, length)
+        kept = ops.arange(length, dtype="int32")[None] < taken
+        valid = kept if valid is None else ops.logical_and(valid, kept)
     groups = {}
     for head, factor in enumerate(options.head_factors):
         groups.setdefault(factor, []).append(head)
@@ -101,7 +119,9 @@ def linear_recurrence(query, key, value, state, options, beta=None, valid=None):
             visibility.select_heads(x, heads, num_heads, 2)
             for x in (query, key, value)
         )
-        out, new = _group_step(q, k, v, valid, pick, factor, options, beta, start)
+        out, new = _group_step(
+            q, k, v, valid, pick, factor, options, beta, (start, taken)
+        )
         outputs.append(out)
         states.append(new)
         order += heads
@@ -111,16 +131,20 @@ def linear_recurrence(query, key, value, state, options, beta=None, valid=None):
         x = parts[0] if len(parts) == 1 else ops.concatenate(parts, axis)
         return visibility.select_heads(x, inverse, num_heads, axis)
 
-    new_state = {name: merge([s[name] for s in states], 1) for name in states[0]}
-    new_state["position"] = state["position"] + shape_of(query)[1]
+    new_state = {
+        name: merge([s[name] for s in states], 1) for name in states[0]
+    }
+    new_state["position"] = state["position"] + taken
     output = ops.cast(merge(outputs, 2), value.dtype)
     return output, new_state
 
 
-def _group_step(query, key, value, valid, state, factor, options, beta, start):
-    """One group of heads sharing `factor`: lay, recenter, recur."""
+def _group_step(query, key, value, valid, state, factor, options, beta, span):
+    """One group of heads sharing `factor`: lay, recenter, recur. `span`
+    is `(position of the first new token, how many enter the state)`."""
+    start = span[0]
     laid_k, laid_v, weights, window = lay_new_tokens(
-        key, value, valid, state, factor, options.num_prefix_tokens, start
+        key, value, valid, state, factor, options.num_prefix_tokens, span
     )
     new = {name: state[name] for name in state if name.startswith("window")}
     new.update(window)
@@ -155,7 +179,7 @@ def _group_step(query, key, value, valid, state, factor, options, beta, start):
     return kernels.divide_rows(num, den), new
 
 
-def lay_new_tokens(key, value, valid, state, factor, num_prefix_tokens, start):
+def lay_new_tokens(key, value, valid, state, factor, num_prefix_tokens, span):
     """The group's keys and values of the new tokens, laid on positions.
 
     Unpooled: the tokens themselves, weighted by `valid`. Pooled by r: at
@@ -164,10 +188,17 @@ def lay_new_tokens(key, value, valid, state, factor, num_prefix_tokens, start):
     1 when it holds one; 0 elsewhere. Prefix tokens (positions < p) stand
     alone. Window sums are differences of prefix sums over the new tokens.
 
+    Args:
+        span: `(start, taken)`: the position of the first new token
+            (`(1,)` int32) and how many new tokens enter the state (an int
+            or int scalar tensor); the later ones have weight 0 in `valid`.
+
     Returns:
         `(keys, values, weights (B|1, T) float32, window)`: `window` the
-        open window's sums after the last token (empty when unpooled).
+        open window's sums after the last token taken (empty when
+        unpooled).
     """
+    start, taken = span
     key, value = ops.cast(key, "float32"), ops.cast(value, "float32")
     length = shape_of(key)[1]
     weights = ops.ones((1, length), "float32")
@@ -202,18 +233,78 @@ def lay_new_tokens(key, value, valid, state, factor, num_prefix_tokens, start):
     flags = (1, -1, 1, 1)
     laid_k = ops.where(ops.reshape(prefix, flags), key, key_sum / divisor)
     laid_v = ops.where(ops.reshape(prefix, flags), value, value_sum / divisor)
-    pooled = ops.cast(ops.logical_and(ends[None], count > 0), "float32")
+    # A window enters at its end, if it holds a token and is taken.
+    enters = ops.logical_and(ends, local < taken)[None]
+    pooled = ops.cast(ops.logical_and(enters, count > 0), "float32")
     weights = ops.where(prefix[None], weights, pooled)
-    # The window left open after the last token (none if it just ended).
+    # The window left open after the last token taken (none if it just
+    # ended); the state's own when no token is taken.
+    last = ops.maximum(taken - 1, 0)
+    closed = ops.logical_or(ends, prefix)
+    at_last = [ops.take(x, last[None], axis=1)[:, 0] for x in sums]
     still_open = ops.cast(
-        ops.logical_not(ops.logical_or(ends[-1], prefix[-1])), "float32"
+        ops.logical_not(ops.take(closed, last[None], axis=0)[0]), "float32"
     )
     heads = key.shape[2]
     window = {
-        "window_count": ops.repeat(
-            count[:, -1:] * still_open, heads, axis=1
-        ),
-        "window_keys": key_sum[:, -1] * still_open,
-        "window_values": value_sum[:, -1] * still_open,
+        "window_count": ops.repeat(at_last[0][:, None], heads, axis=1),
+        "window_keys": at_last[1],
+        "window_values": at_last[2],
+    }
+    window = {
+        name: ops.where(taken > 0, t * still_open, state[name])
+        for name, t in window.items()
     }
     return laid_k, laid_v, weights, window
+
+
+def pack_state(state):
+    """The state as one tensor `(B, 2, R, N, D)`, for cache plumbing that
+    passes one tensor per layer (KerasHub's `call_with_cache` stacks and
+    slices them), with `value_dim == key_dim`.
+
+    Rows of `(B, N, D)`: S as its Dv rows, then one row per other entry
+    (`(B, N)` and `(B,)` entries broadcast), in the order of
+    `initial_state`; one zero row more when that count is odd.
+    """
+    batch, heads, dim = shape_of(state["kv"])[:3]
+    rows = []
+    for name in ORDER:
+        if name not in state:
+            continue
+        tensor = ops.cast(state[name], "float32")
+        if name == "kv":
+            rows.append(ops.transpose(tensor, (0, 3, 1, 2)))
+            continue
+        while len(tensor.shape) < 3:
+            tensor = tensor[..., None]
+        rows.append(ops.broadcast_to(tensor[:, None], (batch, 1, heads, dim)))
+    packed = ops.concatenate(rows, axis=1)
+    count = packed.shape[1]
+    packed = zero_pad(packed, 1, after=count % 2)
+    return ops.reshape(packed, (batch, 2, (count + 1) // 2, heads, dim))
+
+
+def unpack_state(packed, options, key_dim):
+    """`pack_state`'s tensor -> the state dict of `options`."""
+    template = initial_state(options, 1, key_dim, key_dim)
+    batch, _, half, heads, dim = shape_of(packed)
+    rows = ops.reshape(packed, (batch, 2 * half, heads, dim))
+    state, start = {}, 0
+    for name in ORDER:
+        if name not in template:
+            continue
+        tensor = template[name]
+        if name == "kv":
+            kv = rows[:, start : start + dim]
+            state[name] = ops.transpose(kv, (0, 2, 3, 1))
+            start += dim
+            continue
+        row = rows[:, start]
+        start += 1
+        if len(tensor.shape) == 2:
+            row = row[..., 0]
+        elif len(tensor.shape) == 1:
+            row = ops.cast(ops.round(row[:, 0, 0]), "int32")
+        state[name] = row
+    return state

@@ -52,9 +52,9 @@ def running_moments(keys, weights=None, with_variance=False, initial=None):
         feats["key_square"] = ops.square(keys) * weights
     sums = {name: ops.cumsum(f, axis=1) for name, f in feats.items()}
     if initial is not None:
-        sums["key_count"] = sums["key_count"] + initial["key_count"][
-            :, None, :, None
-        ]
+        sums["key_count"] = (
+            sums["key_count"] + initial["key_count"][:, None, :, None]
+        )
         for name in ("key_sum", "key_square"):
             if name in sums:
                 sums[name] = sums[name] + initial[name][:, None]

@@ -97,16 +97,17 @@ class SVRLayer:
         )
 
     def _linear_recurrence(
-        self, query, key, value, query_mask, key_padding, state
+        self, query, key, value, query_mask, key_padding, state, limit=None
     ):
         """The linear kernel from a recurrent state: projected heads of
         the new tokens -> `(output (B, T, N, Dv), new state)`
-        (`functional.recurrent.linear_recurrence`); padded queries output
-        zeros."""
+        (`functional.recurrent.linear_recurrence`, `limit` its own);
+        padded queries output zeros."""
         beta = self.beta_weight if self.options.learn_beta else None
         output, state = recurrent.linear_recurrence(
-            query, key, value, state, self._plan_options, beta, key_padding
-        )
+            query, key, value, state, self._plan_options, beta, key_padding,
+            limit,
+        )  # fmt: skip
         if query_mask is not None:
             valid = ops.cast(query_mask, "bool")[:, :, None, None]
             output = ops.where(valid, output, ops.zeros_like(output))

@@ -52,6 +52,7 @@ def attention_options(
     conv_kernel_size,
     conv_grid,
     use_keras_masks=True,
+    state_cache=False,
     **core,
 ):
     """Checks every SVRAttention option and every pair that cannot combine.
@@ -97,12 +98,32 @@ def attention_options(
         flash_attention=flash_attention,
         use_keras_masks=boolean("use_keras_masks", use_keras_masks),
     )
-    conv_kernel_size, conv_grid = _check_conv(
-        conv_kernel_size, conv_grid, options.head_factors
-    )
+    conv = _check_conv(conv_kernel_size, conv_grid, options.head_factors)
+    dims = (key_dim, value_dim)
     return dropout, dataclasses.replace(
-        options, conv_kernel_size=conv_kernel_size, conv_grid=conv_grid
-    )
+        options, conv_kernel_size=conv[0], conv_grid=conv[1],
+        state_cache=_check_state_cache(state_cache, kernel, conv[0], dims),
+    )  # fmt: skip
+
+
+def _check_state_cache(state_cache, kernel, conv_kernel_size, dims):
+    """`state_cache`: a packed linear state needs a plain linear kernel
+    and `dims = (key_dim, value_dim)` that fit in rows of key_dim."""
+    key_dim, value_dim = dims
+    state_cache = boolean("state_cache", state_cache)
+    if state_cache and (
+        kernel != "linear"
+        or conv_kernel_size
+        or value_dim not in (None, key_dim)
+    ):
+        raise ValueError(
+            "`state_cache=True` needs kernel='linear', no "
+            "`conv_kernel_size` and `value_dim` None or equal to `key_dim` "
+            "(the state is packed in rows of key_dim). Received: "
+            f"kernel={kernel!r}, conv_kernel_size={conv_kernel_size!r}, "
+            f"key_dim={key_dim}, value_dim={value_dim!r}"
+        )
+    return state_cache
 
 
 def _check_flash(flash_attention, kernel, dropout):

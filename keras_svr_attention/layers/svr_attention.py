@@ -127,6 +127,17 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
             `CachedMultiHeadAttention` (whose call has no such arguments)
             does; `replace_attention` sets it when converting one. Defaults
             to True.
+        state_cache: bool. With `kernel="linear"`: a tensor `cache` holds
+            the recurrent state packed in one tensor
+            (`get_initial_state(batch_size, packed=True)`), not keys and
+            values, for causal-LM plumbing that passes one cache tensor per
+            layer (KerasHub's `call_with_cache`): causality is implied and
+            `attention_mask` and `cache_update_index` are not read (the
+            state holds its position). Without a cache, `attention_mask`
+            is read as a decoder's mask, causal and key padding (its last
+            row is the key padding), and causality is applied.
+            `replace_attention` sets it on a KerasHub causal LM converted
+            to a linear kernel. Defaults to False.
         **kwargs: the remaining arguments of
             `keras.layers.MultiHeadAttention` (initializers, regularizers,
             constraints, `seed`, `name`, `dtype`).
@@ -184,6 +195,7 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
         Networks", ICLR 2023.
     """
 
+    # Long: MultiHeadAttention's arguments and ours, one per line.
     def __init__(
         self,
         num_heads,
@@ -209,12 +221,14 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
         conv_kernel_size=None,
         conv_grid=None,
         use_keras_masks=True,
+        state_cache=False,
         **kwargs,
     ):
         dropout, self.options = check.attention_options(
             num_heads, key_dim, value_dim, dropout, attention_axes,
             flash_attention, sliding_window, use_gate, sparsity, block_size,
-            conv_kernel_size, conv_grid, use_keras_masks, beta=beta,
+            conv_kernel_size, conv_grid, use_keras_masks, state_cache,
+            beta=beta,
             standardize=standardize, learn_beta=learn_beta, epsilon=epsilon,
             head_factors=head_factors, num_prefix_tokens=num_prefix_tokens,
             kernel=kernel, chunk_size=chunk_size,
@@ -330,19 +344,20 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
             def transform_key(key):
                 return self._convolve(key, self.key_conv, use_causal_mask)
 
-        if isinstance(cache, dict):  # the linear kernel's recurrent state
+        if cache is not None and self._is_state(cache):
             return self._call_with_state(
                 query, key, value, gate, query_mask, key_padding,
                 attention_mask, return_attention_scores, use_causal_mask,
                 cache, cache_update_index,
             )  # fmt: skip
+        if self.options.state_cache and attention_mask is not None:
+            key_padding, attention_mask, use_causal_mask = self._decoder_mask(
+                attention_mask, key_padding
+            )
+        if cache is None and cache_update_index is not None:
+            self._refuse_index_without_cache(cache_update_index)
         offset, pending = 0, None
         if cache is None:
-            if cache_update_index is not None:
-                raise ValueError(
-                    "`cache_update_index` needs a `cache`. Received: "
-                    f"cache=None, cache_update_index={cache_update_index!r}"
-                )
             key, value = self._key_dense(key), self._value_dense(value)
         else:
             key, value, cache, key_padding, pending, offset = self._cached(
@@ -360,6 +375,28 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
         results += (cache,) * (cache is not None)
         return results[0] if len(results) == 1 else results
 
+    def _decoder_mask(self, attention_mask, key_padding):
+        """A causal LM's decoder mask (`state_cache`): causal and key
+        padding, as KerasHub's decoders build it -> `(key padding, None,
+        True)`: the padding, no mask, causal.
+
+        Its last row is the key padding (the last query may see every
+        earlier key); causality is applied as `use_causal_mask`, which the
+        linear kernel takes (it takes no arbitrary mask).
+        """
+        padding = ops.cast(attention_mask, "bool")[..., -1, :]
+        if len(padding.shape) == 1:
+            padding = padding[None]
+        if key_padding is not None:
+            padding = ops.logical_and(padding, key_padding)
+        return padding, None, True
+
+    def _refuse_index_without_cache(self, cache_update_index):
+        raise ValueError(
+            "`cache_update_index` needs a `cache`. Received: "
+            f"cache=None, cache_update_index={cache_update_index!r}"
+        )
+
     def _refuse_scores_under_flash(self):
         raise ValueError(
             "Returning attention scores is not supported when flash "
@@ -370,24 +407,37 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
             "keras.config.enable_flash_attention())"
         )
 
+    def _is_state(self, cache):
+        """Whether `cache` is the linear kernel's recurrent state: a dict,
+        or any tensor under `state_cache` (packed)."""
+        return isinstance(cache, dict) or self.options.state_cache
+
     def _call_with_state(
         self, query, key, value, gate, query_mask, key_padding,
         attention_mask, return_scores, causal, state, index,
     ):  # fmt: skip
-        """`call` with a recurrent state as `cache` (`get_initial_state`):
-        projected query, raw key and value -> `(output, new state)`."""
+        """`call` with a recurrent state as `cache` (`get_initial_state`),
+        a dict or packed (`state_cache`): projected query, raw key and
+        value -> `(output, new state)`."""
+        packed = not isinstance(state, dict)
+        if packed:  # causal LM plumbing: its mask and index are not read
+            attention_mask, causal, index = None, True, None
+            state = recurrent.unpack_state(state, self.options, self._key_dim)
         self._check_state_call(
             query, value, attention_mask, return_scores, causal, index
         )
         output, state = self._linear_recurrence(
             query, self._key_dense(key), self._value_dense(value),
             query_mask, key_padding, state,
+            getattr(self, "_prefill_limit", None),
         )  # fmt: skip
         if gate is not None:
             output = ops.multiply(output, gate)
+        if packed:
+            state = recurrent.pack_state(state)
         return self._output_dense(output), state
 
-    def get_initial_state(self, batch_size):
+    def get_initial_state(self, batch_size, packed=False):
         """The recurrent state before any token (`kernel="linear"`).
 
         Decoding as a Keras RNN cell does: `state =
@@ -399,9 +449,13 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
 
         Args:
             batch_size: int.
+            packed: bool. One tensor `(B, 2, R, num_heads, key_dim)`
+                (`functional.recurrent.pack_state`), for a layer built with
+                `state_cache=True`.
 
         Returns:
-            A dict of tensors (`functional.recurrent.initial_state`).
+            A dict of tensors (`functional.recurrent.initial_state`), or
+            its packed tensor.
 
         Examples:
             >>> layer = SVRAttention(num_heads=2, key_dim=8, kernel="linear")
@@ -426,10 +480,11 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
                 "convolution of a key needs the tokens after it. Received: "
                 f"conv_kernel_size={self.options.conv_kernel_size!r}"
             )
-        return recurrent.initial_state(
+        state = recurrent.initial_state(
             self.options, batch_size, self._key_dim,
             self._value_dim or self._key_dim,
         )  # fmt: skip
+        return recurrent.pack_state(state) if packed else state
 
     def _check_state_call(
         self, query, value, attention_mask, return_scores, causal, index
@@ -450,8 +505,9 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
             raise ValueError(
                 f"A recurrent state as `cache` needs {problem}. Received: "
                 f"use_causal_mask={causal}, cache_update_index={index!r}, "
-                f"attention_mask={'given' if attention_mask is not None else None}"
-                f", return_attention_scores={return_scores}, "
+                f"attention_mask="
+                f"{None if attention_mask is None else 'given'}, "
+                f"return_attention_scores={return_scores}, "
                 f"query.shape={tuple(query.shape)}, "
                 f"value.shape={tuple(value.shape)}"
             )

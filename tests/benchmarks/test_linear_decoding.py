@@ -23,7 +23,10 @@ def bench():
 def test_the_state_keeps_its_size_and_the_cache_grows(bench, tmp_path):
     argv = ["--contexts", "8,32", "--repeats", "2", "--no-memory"]
     result = bench.main([*argv, "--output", str(tmp_path)])
-    size = {(r["variant"], r["context"]): r["decode_bytes"] for r in result["decoding"]}
+    size = {
+        (r["variant"], r["context"]): r["decode_bytes"]
+        for r in result["decoding"]
+    }
     for variant in ("linear+state", "linear+bn+sh+state"):
         assert size[(variant, 8)] == size[(variant, 32)]
     # (B, 2, L + 1, heads, key_dim) float32.

@@ -181,6 +181,75 @@ def test_gpt2_generates_with_a_cache_as_the_full_forward(attention, options):
         assert np.abs(diff).max() > 1e-4
 
 
+def _generate_and_teacher_force(lm):
+    """Greedy `generate()` from prompts of 6 and 4 tokens, and whether one
+    full causal forward over the result predicts every generated token."""
+    ids = np.random.default_rng(0).integers(1, 40, (2, 16)).astype("int32")
+    mask = np.zeros((2, 16), bool)
+    mask[0, :6], mask[1, :4] = True, True
+    ids[~mask] = 0
+    lm.compile(sampler="greedy")
+    out = lm.generate(
+        {"token_ids": ids, "padding_mask": mask},
+        max_length=16,
+        stop_token_ids=None,
+    )
+    tokens = ops.convert_to_numpy(out["token_ids"])
+    logits = ops.convert_to_numpy(
+        lm({"token_ids": tokens, "padding_mask": np.ones_like(tokens, bool)})
+    )
+    rows, cols = np.nonzero(~mask)
+    predicted = logits[rows, cols - 1].argmax(-1)
+    return tokens, predicted, tokens[rows, cols]
+
+
+@pytest.mark.parametrize(
+    "attention,options",
+    [("linear", {}), ("linear+bn+sh", {"head_factors": [1, 1, 2, 4]})],
+)
+def test_gpt2_linear_generates_with_the_state_as_teacher_forcing(
+    attention, options
+):
+    new = ksa.replace_attention(_gpt2_lm(), attention, **options)
+    layers = [
+        layer
+        for layer in _attention(new)
+        if isinstance(layer, ksa.SVRAttention)
+    ]
+    assert len(layers) == 2 and all(
+        layer.options.state_cache for layer in layers
+    )
+    _, predicted, generated = _generate_and_teacher_force(new)
+    np.testing.assert_array_equal(predicted, generated)
+    assert len(generated) == 22
+    # The cache is the layers' states: its size does not grow with the
+    # tokens (here 8 or 16), unlike a key/value cache.
+    ids = np.ones((2, 16), "int32")
+    short = new._build_cache(ops.convert_to_tensor(ids[:, :8]))[1]
+    long = new._build_cache(ops.convert_to_tensor(ids))[1]
+    assert tuple(short.shape) == tuple(long.shape)
+    assert short.shape[3] < 8
+
+
+def test_gpt2_decoding_with_the_state_survives_keras_save_and_load(tmp_path):
+    new = ksa.replace_attention(_gpt2_lm(), "linear+bn", beta=0.5)
+    tokens = _generate_and_teacher_force(new)[0]
+    path = str(tmp_path / "gpt2_linear.keras")
+    new.save(path)
+    loaded = keras.saving.load_model(path)
+    # The class that decodes with the state, and layers that hold it.
+    assert type(loaded) is type(new) and type(new).__name__ == "GPT2CausalLM"
+    assert type(new) is not type(_gpt2_lm())
+    assert all(
+        layer.options.state_cache
+        for layer in _attention(loaded)
+        if isinstance(layer, ksa.SVRAttention)
+    )
+    np.testing.assert_array_equal(
+        _generate_and_teacher_force(loaded)[0], tokens
+    )
+
+
 def _masked_block_model(block, mask_zero=True):
     """ids -> Embedding(mask_zero) -> a KerasHub block: the block's input
     carries a Keras mask, as in KerasHub's own tests of masked inputs."""

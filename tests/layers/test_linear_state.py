@@ -8,6 +8,8 @@ from keras import ops
 
 import keras_svr_attention as ksa
 from keras_svr_attention.functional import kernels
+from keras_svr_attention.functional import recurrent
+from keras_svr_attention.functional.options import svr_options
 from tests.testing import MODES
 from tests.testing import assert_allclose
 from tests.testing import random_weights
@@ -71,9 +73,7 @@ def _decode(layer, x, valid, splits):
 def test_decoding_from_the_state_equals_the_full_causal_forward(mode, splits):
     layer = _layer(STATE_MODES[mode])
     x, valid = _inputs()
-    full = layer(
-        x, x, query_mask=valid, value_mask=valid, use_causal_mask=True
-    )
+    full = layer(x, x, query_mask=valid, value_mask=valid, use_causal_mask=True)
     got, state = _decode(layer, x, valid, splits)
     # Outputs of order 1 after one layer: float32 rounding, relative 1e-5.
     assert_allclose(got, full, atol=1e-5, rtol=1e-5)
@@ -129,7 +129,9 @@ def test_chunk_size_changes_neither_outputs_nor_gradients(mode):
             y = layer(x, x, value_mask=valid, use_causal_mask=True)
             return ops.sum(ops.square(y))
 
-        results.append([ops.convert_to_numpy(t) for t in value_and_grad(loss, x)])
+        results.append(
+            [ops.convert_to_numpy(t) for t in value_and_grad(loss, x)]
+        )
     for value, grad in results[1:]:
         assert_allclose(value, results[0][0], 1e-5, 1e-5)
         assert_allclose(grad, results[0][1], 1e-5, 1e-5)
@@ -203,3 +205,48 @@ def test_a_state_call_refuses_what_it_cannot_honour(kwargs, match):
     kwargs = {"use_causal_mask": True, **kwargs}
     with pytest.raises(ValueError, match=match):
         layer(x, x, cache=layer.get_initial_state(2), **kwargs)
+
+
+@pytest.mark.parametrize("mode", ["linear-softmax", "linear-bn+sh-prefix"])
+def test_a_prefill_with_a_limit_lets_only_earlier_tokens_in(mode):
+    # KerasHub prefills a padded buffer, then resumes at the shortest
+    # prompt: only the tokens before that point may enter the state.
+    options = svr_options(4, **STATE_MODES[mode], kernel="linear")
+    rng = np.random.default_rng(3)
+    q, k, v = (
+        ops.convert_to_tensor(rng.normal(size=(2, LENGTH, 4, 3)), "float32")
+        for _ in range(3)
+    )
+    empty = recurrent.initial_state(options, 2, 3, 3)
+    whole, _ = recurrent.linear_recurrence(q, k, v, empty, options)
+    _, state = recurrent.linear_recurrence(q, k, v, empty, options, limit=11)
+    assert int(ops.convert_to_numpy(state["position"])[0]) == 11
+    rest, _ = recurrent.linear_recurrence(
+        q[:, 11:], k[:, 11:], v[:, 11:], state, options
+    )
+    assert_allclose(rest, ops.convert_to_numpy(whole)[:, 11:], 1e-5, 1e-5)
+
+
+def test_the_packed_state_holds_every_entry():
+    options = svr_options(
+        4, beta=1.0, standardize=True, head_factors=[1, 2, 2, 4]
+    )
+    rng = np.random.default_rng(4)
+    state = {
+        name: ops.convert_to_tensor(
+            rng.integers(0, 99, size=t.shape)
+            if name == "position"
+            else rng.normal(size=t.shape),
+            t.dtype,
+        )
+        for name, t in recurrent.initial_state(options, 2, 3, 3).items()
+    }
+    packed = recurrent.pack_state(state)
+    # S as 3 rows, 9 more entries, one pad row: (2, 2, 6, heads, key_dim).
+    assert tuple(packed.shape) == (2, 2, 6, 4, 3)
+    back = recurrent.unpack_state(packed, options, 3)
+    assert sorted(back) == sorted(state)
+    for name, tensor in state.items():
+        np.testing.assert_array_equal(
+            ops.convert_to_numpy(back[name]), ops.convert_to_numpy(tensor)
+        )

@@ -1,0 +1,115 @@
+"""KerasHub causal LMs converted to the linear kernel generate with the
+recurrent state (the rules page, "Linear state") instead of a key/value
+cache.
+
+The LM's own plumbing is kept: `call_with_cache` slices one cache tensor
+per decoder layer and stacks them back, so each layer's state travels
+packed in one tensor (`SVRAttention(state_cache=True)`), whose size does
+not grow with the tokens. Two methods change:
+
+- `_build_cache` stacks the layers' initial states and prefills them with
+  one chunked call over the token buffer;
+- `generate_step` tells that prefill where decoding will resume. KerasHub's
+  `generate_step` prefills the whole padded buffer and then resumes at the
+  shortest prompt, rewriting key/value slots; a state cannot be rewound,
+  so the prefill lets only the tokens before that point enter it.
+"""
+
+import keras
+from keras import ops
+
+from keras_svr_attention.convert import _keras_internals as internals
+from keras_svr_attention.layers.svr_attention import SVRAttention
+
+_MARK = "svr_state_decoding"
+_NAME = "StateDecodingCausalLM"
+_METHODS = ("_build_cache", "call_with_cache", "generate_step")
+
+
+def can_decode_with_state(model):
+    """Whether `model` is a causal LM whose cache plumbing takes a state."""
+    return hasattr(model, "backbone") and all(
+        callable(getattr(model, name, None)) for name in _METHODS
+    )
+
+
+def state_layers(model):
+    """The attention layers under `model` that decode with a state."""
+    return [
+        layer
+        for layer in internals.flatten_layers(model)
+        if isinstance(layer, SVRAttention) and layer.options.state_cache
+    ]
+
+
+class _StateDecoding:
+    """Mixin of a causal LM whose attention decodes with the state."""
+
+    def _build_cache(self, token_ids, *args, **kwargs):
+        """The layers' initial states, stacked as the LM stacks its
+        caches, then prefilled over `token_ids` (positions from 0)."""
+        layers = state_layers(self)
+        batch = ops.shape(token_ids)[0]
+        cache = ops.stack(
+            [layer.get_initial_state(batch, packed=True) for layer in layers],
+            axis=1,
+        )
+        limit = getattr(self, "_svr_prefill_limit", None)
+        for layer in layers:
+            layer._prefill_limit = limit
+        try:
+            _, hidden_states, cache = self.call_with_cache(token_ids, cache, 0)
+        finally:
+            for layer in layers:
+                layer._prefill_limit = None
+        return hidden_states, cache
+
+    def generate_step(self, inputs, stop_token_ids=None):
+        # KerasHub resumes at the shortest prompt's end: token index - 1
+        # goes in first, at position index - 1.
+        lengths = ops.sum(ops.cast(inputs["padding_mask"], "int32"), axis=-1)
+        self._svr_prefill_limit = ops.maximum(ops.min(lengths) - 1, 0)
+        try:
+            return super().generate_step(inputs, stop_token_ids=stop_token_ids)
+        finally:
+            self._svr_prefill_limit = None
+
+    def get_config(self):
+        base = type(self).__mro__[2]
+        return {
+            **super().get_config(),
+            _MARK: {
+                "module": base.__module__,
+                "class_name": base.__name__,
+                "registered_name": keras.saving.get_registered_name(base),
+            },
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        base = config.pop(_MARK)
+        model = keras.saving.deserialize_keras_object(
+            {**base, "config": config}, custom_objects=custom_objects
+        )
+        mark(model)
+        return model
+
+
+_CLASSES = {}
+
+
+def mark(model):
+    """Makes `model` (a causal LM) generate with its layers' states; its
+    `.keras` file loads it so."""
+    base = type(model)
+    if issubclass(base, _StateDecoding):
+        return model
+    if base not in _CLASSES:
+        cls = type(base.__name__, (_StateDecoding, base), {})
+        cls.__module__ = base.__module__
+        _CLASSES[base] = keras.saving.register_keras_serializable(
+            package="keras_svr_attention", name=_NAME
+        )(cls)
+    model.__class__ = _CLASSES[base]
+    return model
