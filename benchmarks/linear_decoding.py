@@ -12,9 +12,12 @@ takes one new token after a context of L tokens:
   tokens.
 
 The step is compiled where the backend compiles (jax.jit,
-tf.function(jit_compile=True); torch runs eagerly). Steps are interleaved,
-in a rotated order each repeat; the median milliseconds per token are
-reported, with the ratio to the same variant at the shortest context.
+tf.function(jit_compile=True); torch runs eagerly). Each variant's
+contexts are timed together, interleaved in a rotated order each repeat:
+the median milliseconds per token are reported, and the ratio to the
+shortest context is the median of the per-repeat ratios. (Timing the
+variants together would let a 32 MiB key/value cache evict the state from
+the CPU's caches.)
 "decode bytes" is the size of the cache or state the step carries.
 
 Train-step memory (JAX only): XLA's temporary bytes of the compiled
@@ -24,7 +27,8 @@ causal linear train step at T = 4096 for a few `chunk_size`s (time and
 memory), which chose the default.
 
     KERAS_BACKEND=jax python benchmarks/linear_decoding.py
-    KERAS_BACKEND=torch python benchmarks/linear_decoding.py --no-memory
+    KERAS_BACKEND=torch python benchmarks/linear_decoding.py \
+        --plot docs/linear_decoding.png
 """
 
 import argparse
@@ -134,46 +138,47 @@ def nbytes(tree):
     )
 
 
-def decoding(contexts, repeats):
+def decoding(contexts, repeats, variants=VARIANTS):
+    """Per variant, one step per context, timed interleaved: the ratio to
+    the shortest context is the median of per-repeat ratios."""
     rng = np.random.default_rng(0)
     token = ops.convert_to_tensor(
         rng.normal(size=(BATCH, 1, WIDTH)).astype("float32")
     )
     rows = []
-    for context in contexts:
+    for variant in variants:
+        layer = make_layer(variant)
+        if layer is None:
+            continue
+        layer(token, token)
         steps, sizes = {}, {}
-        for variant in VARIANTS:
-            layer = make_layer(variant)
-            if layer is None:
-                continue
-            layer(token, token)
+        for context in contexts:
             carry, kwargs = carried(variant, layer, context, rng)
-            steps[variant] = compiled_step(layer, token, carry, kwargs)
-            steps[variant]()  # compile and warm up
-            sizes[variant] = nbytes(carry)
+            steps[context] = compiled_step(layer, token, carry, kwargs)
+            steps[context]()  # compile and warm up
+            sizes[context] = nbytes(carry)
         times = interleaved(steps, repeats)
-        for variant, seconds in times.items():
+        for context in contexts:
+            ratios = [
+                t / s
+                for t, s in zip(times[context], times[contexts[0]], strict=True)
+            ]
             rows.append(
                 {
                     "context": context,
                     "variant": variant,
-                    "ms_per_token": 1000 * statistics.median(seconds),
-                    "decode_bytes": sizes[variant],
+                    "ms_per_token": 1000 * statistics.median(times[context]),
+                    "ratio_to_shortest": statistics.median(ratios),
+                    "decode_bytes": sizes[context],
                 }
             )
             print(
-                f"{BACKEND} L={context:6d} {variant:20s} "
+                f"{BACKEND} {variant:20s} L={context:6d} "
                 f"{rows[-1]['ms_per_token']:8.3f} ms/token "
-                f"{sizes[variant] / 2**20:9.2f} MiB",
+                f"x{rows[-1]['ratio_to_shortest']:.2f} "
+                f"{sizes[context] / 2**20:9.2f} MiB",
                 flush=True,
             )
-    first = {
-        r["variant"]: r["ms_per_token"]
-        for r in rows
-        if r["context"] == contexts[0]
-    }
-    for r in rows:
-        r["ratio_to_shortest"] = r["ms_per_token"] / first[r["variant"]]
     return rows
 
 
@@ -280,20 +285,68 @@ def markdown(result):
     return "\n".join(lines) + "\n"
 
 
+def plot(output, path):
+    """ms per token against context, one panel per backend measured."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = []
+    for backend in ("jax", "torch", "tensorflow"):
+        name = os.path.join(output, f"linear_decoding_{backend}.json")
+        if os.path.exists(name):
+            with open(name) as f:
+                results.append(json.load(f))
+    fig, axes = plt.subplots(
+        1, len(results), figsize=(5 * len(results), 3.6), squeeze=False
+    )
+    for ax, result in zip(axes[0], results, strict=True):
+        for variant in VARIANTS:
+            rows = [r for r in result["decoding"] if r["variant"] == variant]
+            if rows:
+                ax.plot(
+                    [r["context"] for r in rows],
+                    [r["ms_per_token"] for r in rows],
+                    marker="o",
+                    label=variant,
+                )
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="context length",
+            ylabel="ms per generated token",
+            title=f"{result['backend']}, CPU",
+        )
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--contexts", default="256,1024,4096,16384")
     p.add_argument("--lengths", default="1024,4096,16384")
     p.add_argument("--chunk-sizes", default="16,32,64,128,256")
     p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--no-memory", action="store_true")
     p.add_argument("--output", default="benchmarks/results")
+    p.add_argument(
+        "--plot",
+        default=None,
+        help="also draw every backend's results in --output to this PNG",
+    )
     args = p.parse_args(argv)
     result = {
         "backend": BACKEND,
         "keras": keras.__version__,
         "decoding": decoding(
-            [int(c) for c in args.contexts.split(",")], args.repeats
+            [int(c) for c in args.contexts.split(",")],
+            args.repeats,
+            args.variants.split(","),
         ),
     }
     if BACKEND == "jax" and not args.no_memory:
@@ -308,6 +361,8 @@ def main(argv=None):
         json.dump(result, f, indent=2)
     with open(stem + ".md", "w") as f:
         f.write(markdown(result))
+    if args.plot:
+        plot(args.output, args.plot)
     return result
 
 
