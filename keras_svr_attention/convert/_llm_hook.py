@@ -105,6 +105,11 @@ class HookedAttention:
             factors = [f for f in factors for _ in range(groups)]
         if attention_mask is not None:
             attention_mask = ops.cast(attention_mask, "bool")[:, None]
+            if options.get("kernel") == "linear":
+                # The decoder's mask is causal and key padding: the linear
+                # kernel takes the padding, its last row; causality comes
+                # from `is_causal` at the cache index.
+                attention_mask = attention_mask[..., -1:, :]
         scale = getattr(self, "_inv_norm_factor", None)  # Llama's 1/sqrt(H)
         out = svr_dot_product_attention(
             query,

@@ -112,6 +112,15 @@ def _hook_options(layer, attention, options):
                 f"dropout=0. Received: dropout={layer.dropout}"
             )
         hooked = presets.options_for(attention, num_kv_heads, **options)
+        band = llm.sliding_window(layer) or getattr(
+            layer, "_sliding_window", None
+        )
+        if hooked.get("kernel") == "linear" and band:
+            raise ValueError(
+                "the linear kernel takes no sliding window, and this layer "
+                "attends within one (a band mask would make it quadratic). "
+                f"Received: sliding_window={band}, kernel='linear'"
+            )
         extra = set(hooked) - set(llm.HOOK_OPTIONS)
         if extra:
             raise ValueError(

@@ -19,6 +19,7 @@ ATTENTIONS = {
     "bn": {},
     "sh": {"head_factors": [1, 2]},
     "bn+sh": {"head_factors": [2, 1]},
+    "linear+bn+sh": {"head_factors": [2, 1]},
 }
 
 
@@ -120,6 +121,8 @@ def test_bn_sh_change_the_logits_and_train(attention):
     [
         ("llama", "softmax"),
         ("llama", "bn+sh"),
+        # The linear kernel in the hook reads Llama's own key/value cache.
+        ("llama", "linear+bn+sh"),
         ("mistral", "softmax"),
         # Mistral's sliding window with SH: a cached step's single query
         # cannot tell which keys behind its band earlier queries saw, so
@@ -203,3 +206,8 @@ def test_llama_options_that_need_weights_are_refused():
         ksa.replace_attention(_llama(), "bn", learn_beta=True)
     with pytest.raises(ValueError, match="`head_factors`.*num_key_value"):
         ksa.replace_attention(_llama(), "sh", head_factors=[1, 2, 2, 4])
+
+
+def test_a_sliding_window_family_refuses_the_linear_kernel_naming_it():
+    with pytest.raises(ValueError, match="linear kernel takes no sliding"):
+        ksa.replace_attention(_llama("mistral"), "linear")
