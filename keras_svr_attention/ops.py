@@ -33,6 +33,7 @@ def svr_dot_product_attention(
     num_prefix_tokens=0,
     causal_offset=0,
     sliding_window=None,
+    logit_soft_cap=None,
 ):
     """Scaled dot-product attention with Attention-BN and -SH.
 
@@ -79,6 +80,9 @@ def svr_dot_product_attention(
             (cached decoding: the cache index).
         sliding_window: int or None. Query i sees only keys with
             |causal_offset + i - j| < `sliding_window` (softmax kernel).
+        logit_soft_cap: float c > 0 or None. The logits become
+            c tanh(logits / c) before the softmax (Gemma 2's soft-capping,
+            on the SVR logits: after BN's recentering; softmax kernel).
 
     Returns:
         `(B, T, N, H)` in the query's dtype.
@@ -95,24 +99,11 @@ def svr_dot_product_attention(
     _check_heads(query, key, value)
     repeats = query.shape[2] // key.shape[2]
     learned = None if beta is None or options_lib.is_real(beta) else beta
-    options = options_lib.svr_options(
-        key.shape[2],
-        beta=beta if learned is None else 1.0,  # a tensor b recenters
-        standardize=standardize,
-        epsilon=epsilon,
-        head_factors=head_factors,
-        num_prefix_tokens=num_prefix_tokens,
-        kernel=kernel,
-        sliding_window=options_lib.positive_int(
-            "sliding_window", sliding_window, allow_none=True
-        ),
-    ).per_query_head(repeats)
-    if options.kernel == "linear" and options.sliding_window:
-        raise ValueError(
-            "`sliding_window` needs kernel='softmax': a band mask would make "
-            "linear attention quadratic. Received: "
-            f"sliding_window={options.sliding_window}, kernel='linear'"
-        )
+    options = _options(
+        key.shape[2], beta if learned is None else 1.0, standardize, epsilon,
+        head_factors, num_prefix_tokens, kernel, sliding_window,
+        logit_soft_cap,
+    ).per_query_head(repeats)  # fmt: skip
     if repeats > 1:
         key = ops.repeat(key, repeats, axis=2)
         value = ops.repeat(value, repeats, axis=2)
@@ -132,6 +123,34 @@ def svr_dot_product_attention(
         options, learned, scale, flash_attention=flash_attention
     )
     return attention.svr_attention(query, key, value, plan, attend)[0]
+
+
+def _options(
+    num_kv_heads, beta, standardize, epsilon, head_factors,
+    num_prefix_tokens, kernel, sliding_window, logit_soft_cap,
+):  # fmt: skip
+    """The op's options, checked (a tensor `beta` arrives as 1.0: it
+    recenters)."""
+    options = options_lib.svr_options(
+        num_kv_heads, beta=beta, standardize=standardize, epsilon=epsilon,
+        head_factors=head_factors, num_prefix_tokens=num_prefix_tokens,
+        kernel=kernel,
+        sliding_window=options_lib.positive_int(
+            "sliding_window", sliding_window, allow_none=True
+        ),
+        logit_soft_cap=None
+        if logit_soft_cap is None
+        else options_lib.positive_float("logit_soft_cap", logit_soft_cap),
+    )  # fmt: skip
+    for name in ("sliding_window", "logit_soft_cap"):
+        if options.kernel == "linear" and getattr(options, name):
+            raise ValueError(
+                f"`{name}` needs kernel='softmax': the linear kernel has no "
+                "logits to band or cap (a band mask would make it "
+                f"quadratic). Received: {name}={getattr(options, name)}, "
+                "kernel='linear'"
+            )
+    return options
 
 
 def _check_heads(query, key, value):

@@ -173,3 +173,30 @@ def test_sliding_window_is_the_band_mask_at_the_causal_offset(options):
         ksa.svr_dot_product_attention(
             q, k, v, kernel="linear", sliding_window=2
         )
+
+
+@pytest.mark.parametrize("beta", [None, 1.0])
+def test_logit_soft_cap_caps_the_svr_logits(beta):
+    # Gemma's soft-capping on the SVR logits: c tanh(s / c) of the
+    # recentered query's scores, before the causal softmax (NumPy).
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.normal(size=(2, 6, 2, 4)) * 2 for _ in "qkv")
+    cap = 0.7
+    got = ksa.svr_dot_product_attention(
+        q.astype("float32"), k.astype("float32"), v.astype("float32"),
+        is_causal=True, beta=beta, logit_soft_cap=cap,
+    )  # fmt: skip
+    lower = np.tril(np.ones((6, 6), bool))
+    if beta:  # mu_i: the mean of keys 0..i, per sample and head
+        mean = np.cumsum(k, axis=1) / np.arange(1, 7)[None, :, None, None]
+        q = q - beta * mean
+    logits = np.einsum("btnd,bsnd->bnts", q, k) / 2.0  # 1 / sqrt(4)
+    logits = cap * np.tanh(logits / cap)
+    logits = np.where(lower, logits, -np.inf)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    assert_allclose(got, np.einsum("bnts,bsnd->btnd", weights, v))
+    with pytest.raises(ValueError, match="`logit_soft_cap`.*linear"):
+        ksa.svr_dot_product_attention(
+            q, k, v, kernel="linear", logit_soft_cap=cap
+        )

@@ -1,10 +1,11 @@
 """SVR attention inside decoder LLM attention layers (KerasHub's Llama,
-Mistral, Qwen, Qwen3, GPT-NeoX and layers built the same way).
+Mistral, Qwen, Qwen3, GPT-NeoX, Gemma and layers built the same way).
 
 Such a layer projects, applies its rotary embedding (and Qwen3 its QK-norm),
 writes its cache, repeats K/V to the query heads, then calls the hook
 `_compute_attention(query, key, value, attention_mask)` (Qwen's also takes
-`cache_update_index`). Conversion gives
+`cache_update_index`; Gemma's caps its logits, which the op does to the
+SVR logits). Conversion gives
 the layer a subclass of its own class (its weights, rotary embedding,
 cache and projections stay its own) whose hook is
 `svr_dot_product_attention`, causal at the cache index that `call`
@@ -62,9 +63,25 @@ def is_hookable(layer):
 
 
 # The hook signatures taken: Llama's and Mistral's, Qwen's (the cache
-# index), GPT-NeoX's (`training`, for its attention dropout).
+# index), GPT-NeoX's (`training`, for its attention dropout), Gemma's.
 HOOK = ["self", "query", "key", "value", "attention_mask"]
-HOOKS = [HOOK, HOOK + ["cache_update_index"], HOOK + ["training"]]
+HOOKS = [
+    HOOK,
+    HOOK + ["cache_update_index"],
+    HOOK + ["training"],
+    ["self", "q", "k", "v", "attention_mask", "training", "cache_update_index"],
+]
+
+
+def logit_scale(layer):
+    """The scale of the layer's logits: Llama's `_inv_norm_factor`;
+    Gemma's 1 / sqrt(head_dim), or 1 / sqrt(hidden_dim / heads) without
+    `query_head_dim_normalize`; else None (1 / sqrt(head_dim))."""
+    scale = getattr(layer, "_inv_norm_factor", None)
+    normalize = getattr(layer, "query_head_dim_normalize", None)
+    if scale is None and normalize is False:
+        scale = (layer.hidden_dim // layer.num_query_heads) ** -0.5
+    return scale
 
 
 def sliding_window(layer):
@@ -85,9 +102,9 @@ class HookedAttention:
         self._svr_offset = (
             0 if cache_update_index is None else cache_update_index
         )
-        return super().call(
-            *args, cache_update_index=cache_update_index, **kwargs
-        )
+        if cache_update_index is not None:  # else the layer's own default
+            kwargs["cache_update_index"] = cache_update_index
+        return super().call(*args, **kwargs)
 
     def _compute_attention(
         self,
@@ -100,8 +117,9 @@ class HookedAttention:
     ):
         options = dict(self._svr_hook_options)
         factors = options.pop("head_factors", None)
-        if factors is not None:  # per key/value head -> per query head
-            groups = attribute(self, "num_key_value_groups") or 1
+        if factors is not None:  # per key/value head -> per head of `key`
+            # (Llama's hook gets K/V repeated to the query heads, Gemma's not)
+            groups = key.shape[2] // len(factors)
             factors = [f for f in factors for _ in range(groups)]
         if attention_mask is not None:
             attention_mask = ops.cast(attention_mask, "bool")[:, None]
@@ -110,19 +128,19 @@ class HookedAttention:
                 # kernel takes the padding, its last row; causality comes
                 # from `is_causal` at the cache index.
                 attention_mask = attention_mask[..., -1:, :]
-        scale = getattr(self, "_inv_norm_factor", None)  # Llama's 1/sqrt(H)
         out = svr_dot_product_attention(
             query,
             key,
             value,
             mask=attention_mask,
             is_causal=True,
-            scale=scale,
+            scale=logit_scale(self),
             head_factors=factors,
             causal_offset=getattr(self, "_svr_offset", 0)
             if cache_update_index is None
             else cache_update_index,
             sliding_window=sliding_window(self),
+            logit_soft_cap=getattr(self, "logit_soft_cap", None),
             **options,
         )
         return ops.cast(out, query.dtype)

@@ -132,6 +132,7 @@ def softmax_group(
     (`statistics.recenter_query`; the key-side shift cancels). Under
     `standardize`, float16 heads attend in float32 (q / sigma^2 overflows
     float16 when a query sees a single key) and the result is cast back.
+    `options.logit_soft_cap` caps the logits of the recentered query.
     `beta` None means `options.beta`.
     """
     dtype = keras.backend.standardize_dtype(query.dtype)
@@ -149,7 +150,7 @@ def softmax_group(
         )
     out, scores = kernels.softmax_attention(
         query, key, value, mask, is_causal, scale, dropout, return_scores,
-        flash_attention,
+        flash_attention, options.logit_soft_cap,
     )  # fmt: skip
     if upcast:
         out = ops.cast(out, dtype)

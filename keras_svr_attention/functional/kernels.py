@@ -41,11 +41,13 @@ def softmax_attention(
     dropout=None,
     return_scores=False,
     flash_attention=None,
+    soft_cap=None,
 ):
     """Softmax attention, the SVR expansion with Phi(x)^T Phi(y) = exp(x^T y).
 
     ```text
-    h_i = sum_j softmax_j(scale * q_i^T k_j  |  m_ij) v_j
+    h_i = sum_j softmax_j(cap(scale * q_i^T k_j)  |  m_ij) v_j
+    cap(x) = c tanh(x / c)    (with `soft_cap` c; else cap(x) = x)
     ```
 
     where m is `mask` (finished by `visibility.plan_head_groups`) and,
@@ -67,6 +69,8 @@ def softmax_attention(
         dropout: callable applied to the attention weights, or `None`.
         return_scores: bool. Also return the weights `(B, N, T, S)`.
         flash_attention: passed to `keras.ops.dot_product_attention`.
+        soft_cap: float c > 0 or None. Caps the logits (Gemma 2's
+            attention logit soft-capping); takes the explicit path.
 
     Returns:
         `(output, scores)`: `(B, T, N, Dv)` in `query.dtype` and the weights
@@ -78,7 +82,7 @@ def softmax_attention(
     """
     scale = scale if scale is not None else query.shape[-1] ** -0.5
     rows = None
-    fused = fuses(query, value, dropout, return_scores)
+    fused = fuses(query, value, dropout, return_scores) and not soft_cap
     if mask is not None and len(mask.shape) == 3:
         mask = mask[:, None]  # (B, T, S): one mask for every head
     if is_causal and not (fused and mask is None):
@@ -92,14 +96,9 @@ def softmax_attention(
 
     if fused:
         out = ops.dot_product_attention(
-            query,
-            key,
-            value,
-            mask=mask,
-            scale=scale,
-            is_causal=is_causal,
+            query, key, value, mask=mask, scale=scale, is_causal=is_causal,
             flash_attention=flash_attention,
-        )
+        )  # fmt: skip
         scores = None
     else:
         dtype = accumulation_dtype(query.dtype)
@@ -107,11 +106,11 @@ def softmax_attention(
             "btnd,bsnd->bnts", ops.cast(query, dtype), ops.cast(key, dtype)
         )
         logits = logits * ops.cast(scale, dtype)
+        if soft_cap:
+            logits = ops.tanh(logits / soft_cap) * soft_cap
         if mask is not None:
-            neg = ops.convert_to_tensor(
-                -1e30 if dtype == "float32" else -1e300, dtype
-            )
-            logits = ops.where(mask, logits, neg)
+            neg = -1e30 if dtype == "float32" else -1e300
+            logits = ops.where(mask, logits, ops.cast(neg, dtype))
         weights = ops.softmax(logits, axis=-1)
         if rows is not None:
             weights = ops.where(rows, weights, 0.0)

@@ -120,6 +120,7 @@ class SVROptions:
     flash_attention: bool | None = None
     use_keras_masks: bool = True
     state_cache: bool = False
+    logit_soft_cap: float | None = None  # the functional op's only
 
     @property
     def uses_bn(self):
@@ -137,8 +138,10 @@ class SVROptions:
         return dataclasses.replace(self, head_factors=factors)
 
     def get_config(self):
-        """The fields as a config dict (tuples as lists)."""
+        """The fields as a config dict (tuples as lists), without those only
+        the functional op takes (`logit_soft_cap`)."""
         config = dataclasses.asdict(self)
+        del config["logit_soft_cap"]
         config["head_factors"] = list(self.head_factors)
         if self.conv_grid is not None:
             config["conv_grid"] = list(self.conv_grid)

@@ -10,10 +10,10 @@ and key statistics consume those masks and never build one.
 The rule (the rules page, "Visibility" and "Causal windows"):
 
 ```text
-m_hij   = pad_q(i) and pad_k(j) and A_hij and pattern(i, j)
+m_hij   = pad_q(i) and pad_k(j) and A_hij and pattern(i, j) and band(i, j)
           [and j <= pos(i)  under causality, pos(i) = offset + i]
-valid_j = some query of some head of the group sees j, or j is a cache
-          slot still to come
+valid_j = some query of some head of the group sees j (the band left
+          out), or j is a cache slot still to come
 pooled:   i sees window w  iff  w holds a valid token,
                                 i may see every valid token of w (m), and,
                                 under causality, end(w) <= pos(i)
@@ -244,9 +244,9 @@ def plan_head_groups(
         >>> [g.factor for g in plan_head_groups(options, 6, 6)]
         [1, 2, 4]
     """
-    p = options.num_prefix_tokens
+    p, factors = options.num_prefix_tokens, options.head_factors
     groups = {}  # heads by factor, in order of first appearance
-    for head, factor in enumerate(options.head_factors):
+    for head, factor in enumerate(factors):
         groups.setdefault(factor, []).append(head)
     groups = [(factor, tuple(heads)) for factor, heads in groups.items()]
     if isinstance(num_keys, int) and num_keys <= p:  # nothing to pool
@@ -256,63 +256,78 @@ def plan_head_groups(
             groups, options, num_queries, num_keys, query_mask, key_padding,
             attention_mask, causal, offset,
         )  # fmt: skip
-    constraints = masks_lib.merge_masks(
+    counted = masks_lib.merge_masks(
         None if query_mask is None else query_mask[:, None, :, None],
         None if key_padding is None else key_padding[:, None, None, :],
         attention_mask,
         _pattern(options, num_queries, num_keys, offset)
-        if options.sparsity or options.sliding_window
+        if options.sparsity
         else None,
     )
+    # A key counts in its window whatever the sliding window (the rules
+    # page, "Windows"): a cached step's band then sees the windows that the
+    # full forward's does.
+    constraints = counted
+    if options.sliding_window is not None:
+        constraints = _band(options, num_queries, num_keys, offset, counted)
     at_zero = isinstance(offset, int) and offset == 0
     plan = []
     for factor, heads in groups:
-        mask = select_heads(constraints, heads, len(options.head_factors), 1)
+        mask = select_heads(constraints, heads, len(factors), 1)
         if factor == 1 and mask is None and at_zero:
             # Only causality (or nothing): left to the kernel.
             plan.append(HeadGroup(1, heads, p, causal=causal))
         elif factor == 1:
             if causal:
-                causal_keys = masks_lib.causal_mask(
-                    num_queries, num_keys, offset
-                )
-                mask = masks_lib.merge_masks(mask, causal_keys[:, None])
+                rows = masks_lib.causal_mask(num_queries, num_keys, offset)
+                mask = masks_lib.merge_masks(mask, rows[:, None])
             plan.append(
                 HeadGroup(1, heads, p, mask=_broadcast_last(mask, num_keys))
             )
         else:
+            masks = (mask, select_heads(counted, heads, len(factors), 1))
             shapes = (num_queries, num_keys)
-            pooled = _plan_pooled(
-                factor, heads, p, mask, shapes, causal, offset, pending
+            causality = (causal, offset, pending)
+            plan.append(
+                _plan_pooled(factor, heads, p, masks, shapes, causality)
             )
-            plan.append(pooled)
     return plan
 
 
+def _band(options, num_queries, num_keys, offset, mask):
+    """`mask` and the sliding window |pos(i) - j| < w."""
+    band = masks_lib.local_window_mask(
+        num_queries, num_keys, options.sliding_window, offset
+    )
+    return masks_lib.merge_masks(mask, band[:, None])
+
+
 def _pattern(options, num_queries, num_keys, offset):
-    """The sparse pattern and the sliding window, `(1, 1, T, S)`, or None."""
-    pattern = None
-    if options.sparsity is not None:
-        pattern = masks_lib.sparse_mask(
-            options.sparsity, num_queries, num_keys, options.block_size, offset
-        )
-    if options.sliding_window is not None:
-        window = masks_lib.local_window_mask(
-            num_queries, num_keys, options.sliding_window, offset
-        )
-        pattern = masks_lib.merge_masks(pattern, window)
-    return None if pattern is None else pattern[:, None]
+    """The sparse pattern, `(1, 1, T, S)`."""
+    return masks_lib.sparse_mask(
+        options.sparsity, num_queries, num_keys, options.block_size, offset
+    )[:, None]
 
 
-def _plan_pooled(factor, heads, p, mask, shapes, causal, offset, pending):
-    """A pooled group: its valid keys, window counts and pooled mask."""
+def _plan_pooled(factor, heads, p, masks, shapes, causality):
+    """A pooled group: its valid keys, window counts and pooled mask.
+
+    `masks` is `(mask, counted)`: what each query may see, and the same
+    without the sliding window, whose keys count in their windows;
+    `shapes` `(T, S)`; `causality` `(causal, offset, pending)`.
+    """
     num_queries, num_keys = shapes
+    mask, counted = masks
+    causal, offset, pending = causality
     valid = pooled_mask = None
-    if mask is not None:
-        mask = _broadcast_last(mask, num_keys)
-        valid = ops.any(mask, axis=(1, 2))
+    if counted is not None:
+        valid = ops.any(_broadcast_last(counted, num_keys), axis=(1, 2))
         if pending is not None:
             valid = ops.logical_or(valid, pending)
+    if mask is not None:
+        if valid is None:  # only the band: every key counts
+            valid = ops.ones((1, num_keys), "bool")
+        mask = _broadcast_last(mask, num_keys)
         pooled_mask = pooling.pool_mask(mask, valid, factor, p)
     counts = pooling.window_counts(valid, factor, p, num_keys)
     if causal:

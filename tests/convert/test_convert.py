@@ -228,6 +228,8 @@ def test_model_must_be_a_built_model():
 CACHE_MODES = ["softmax", "bn", "bn-std", "sh", "bn+sh"]
 # The linear kernel decodes too (KerasHub's cache contract).
 CACHE_MODES += ["linear", "linear+bn", "linear+sh", "linear+bn+sh"]
+# SH under a sliding window: a step's band sees the full forward's windows.
+CACHE_MODES += ["bn+sh-window"]
 
 
 def _decoder(mode, num_layers=2):
@@ -241,6 +243,8 @@ def _decoder(mode, num_layers=2):
                 "bn+sh": {"beta": 1.0, "head_factors": [2, 1, 1, 4]},
             }[rest]
         )
+    elif mode.endswith("-window"):
+        options = {**MODES[mode.removesuffix("-window")], "sliding_window": 3}
     elif not kernel:
         options = MODES[mode]
     layers = [

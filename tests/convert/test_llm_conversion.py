@@ -50,6 +50,18 @@ def _llama(family="llama"):
             max_sequence_length=32, rotary_percentage=0.5, **config
         )
         task = keras_hub.models.GPTNeoXCausalLM
+    elif family == "gemma":  # soft-capped logits, a window every other layer
+        config["num_query_heads"], config["num_key_value_heads"] = 4, 2
+        backbone = keras_hub.models.GemmaBackbone(
+            head_dim=4,
+            attention_logit_soft_cap=0.5,
+            final_logit_soft_cap=30.0,
+            use_sliding_window_attention=True,
+            sliding_window_size=4,
+            query_head_dim_normalize=False,
+            **config,
+        )
+        task = keras_hub.models.GemmaCausalLM
     else:  # Qwen3: QK-norm before the hook, a sliding window in it
         backbone = keras_hub.models.Qwen3Backbone(head_dim=4, **config)
         task = keras_hub.models.Qwen3CausalLM
@@ -67,13 +79,13 @@ def _batch(length=10):
 
 def _attention_classes(lm):
     return [
-        type(layer._self_attention_layer)
-        for layer in lm.backbone.transformer_layers
+        type(getattr(block, "_self_attention_layer", None) or block.attention)
+        for block in lm.backbone.transformer_layers
     ]
 
 
 @pytest.mark.parametrize(
-    "family", ["llama", "mistral", "qwen", "qwen3", "neox"]
+    "family", ["llama", "mistral", "qwen", "qwen3", "neox", "gemma"]
 )
 def test_options_off_give_the_original_logits_on_a_padded_batch(family):
     lm = _llama(family)
@@ -131,6 +143,8 @@ def test_bn_sh_change_the_logits_and_train(attention):
         ("qwen", "softmax"),
         ("qwen", "bn+sh"),
         ("qwen3", "bn+sh"),
+        ("gemma", "softmax"),
+        ("gemma", "bn+sh"),
         # Not GPT-NeoX: KerasHub's own cached step rotates its query as if
         # at position 0, so even the original's generate() differs from
         # teacher forcing.
