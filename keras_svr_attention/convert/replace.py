@@ -56,10 +56,28 @@ def _looks_like_attention(layer):
     )
 
 
+# KerasHub attentions with a feature SVR attention does not compose with
+# yet, by class name: their refusal names the feature.
+BLOCKING_FEATURES = {
+    "DisentangledSelfAttention": "DeBERTa's disentangled attention (its "
+    "content-to-position and position-to-content scores)",
+    "T5MultiHeadAttention": "T5's relative position bias",
+    "BloomAttention": "ALiBi, a linear position bias on the logits",
+    "FalconAttention": "ALiBi, a linear position bias on the logits",
+    "GptOssAttention": "learned attention sinks in the softmax denominator",
+}
+
+
 def _unsupported_reason(layer):
     """Why `layer` cannot become SVR attention, or None if it can."""
     if llm.is_hookable(layer):
         return None
+    feature = BLOCKING_FEATURES.get(type(layer).__name__)
+    if feature:
+        return (
+            f"{type(layer).__name__} has {feature}, which SVR attention "
+            "does not compose with yet"
+        )
     if not _honoured(layer):
         return (
             f"{type(layer).__name__} is not a MultiHeadAttention or "
