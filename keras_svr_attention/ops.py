@@ -34,6 +34,7 @@ def svr_dot_product_attention(
     causal_offset=0,
     sliding_window=None,
     logit_soft_cap=None,
+    sinks=None,
 ):
     """Scaled dot-product attention with Attention-BN and -SH.
 
@@ -83,6 +84,11 @@ def svr_dot_product_attention(
         logit_soft_cap: float c > 0 or None. The logits become
             c tanh(logits / c) before the softmax (Gemma 2's soft-capping,
             on the SVR logits: after BN's recentering; softmax kernel).
+        sinks: `(N,)` tensor or None. One logit per query head that joins
+            each row's softmax denominator and takes no value (GPT-OSS's
+            attention sinks); under BN the exact logits
+            (q_i - b mu_i)^T (k_j - b mu_i) are kept against it (softmax
+            kernel).
 
     Returns:
         `(B, T, N, H)` in the query's dtype.
@@ -119,8 +125,16 @@ def svr_dot_product_attention(
         offset=causal_offset,
     )
     scale = query.shape[-1] ** -0.5 if scale is None else scale
+    if sinks is not None and (
+        options.kernel == "linear" or tuple(sinks.shape) != (query.shape[2],)
+    ):
+        raise ValueError(
+            "`sinks` must be one logit per query head, shape "
+            f"({query.shape[2]},), under kernel='softmax'. Received: "
+            f"sinks.shape={tuple(sinks.shape)}, kernel={options.kernel!r}"
+        )
     attend = attention.kernel(
-        options, learned, scale, flash_attention=flash_attention
+        options, learned, scale, flash_attention=flash_attention, sinks=sinks
     )
     return attention.svr_attention(query, key, value, plan, attend)[0]
 

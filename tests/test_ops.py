@@ -200,3 +200,48 @@ def test_logit_soft_cap_caps_the_svr_logits(beta):
         ksa.svr_dot_product_attention(
             q, k, v, kernel="linear", logit_soft_cap=cap
         )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"beta": 1.0}, {"beta": 0.5, "head_factors": [1, 2]}],
+    ids=["softmax", "bn", "bn+sh"],
+)
+def test_attention_sinks_join_the_denominator_of_the_svr_softmax(options):
+    # GPT-OSS's sinks against Attention-BN's exact logits, written plainly:
+    # softmax over [(q_i - b mu_i)^T (k_j - b mu_i) / sqrt(D), s_h], the
+    # sink's weight dropped; SH heads see their pooled windows.
+    rng = np.random.default_rng(6)
+    q = rng.normal(size=(2, 6, 4, 4))
+    k, v = (rng.normal(size=(2, 6, 2, 4)) for _ in "kv")
+    sinks = rng.normal(size=(4,))
+    got = ksa.svr_dot_product_attention(
+        *(x.astype("float32") for x in (q, k, v)), is_causal=True,
+        sinks=ops.convert_to_tensor(sinks, "float32"), **options,
+    )  # fmt: skip
+    beta = options.get("beta", 0.0)
+    want = np.zeros((2, 6, 4, 4))
+    for h in range(4):
+        g = h // 2  # the key/value head of query head h
+        factor = options.get("head_factors", [1, 1])[g]
+        kk, vv = k[:, :, g], v[:, :, g]
+        if factor > 1:  # windows of 2 seen once their span has ended
+            kk = kk.reshape(2, 3, 2, 4).mean(2)
+            vv = vv.reshape(2, 3, 2, 4).mean(2)
+        ends = np.arange(kk.shape[1]) * factor + factor - 1
+        for i in range(6):
+            seen = ends <= i
+            if not seen.any():
+                continue
+            mu = kk[:, seen].mean(1)  # (B, D)
+            qi = q[:, i, h] - beta * mu
+            logits = np.einsum(
+                "bd,bsd->bs", qi, kk[:, seen] - beta * mu[:, None]
+            )
+            logits = np.concatenate(
+                [logits / 2.0, np.full((2, 1), sinks[h])], 1
+            )
+            w = np.exp(logits - logits.max(1, keepdims=True))
+            w = w / w.sum(1, keepdims=True)
+            want[:, i, h] = np.einsum("bs,bsd->bd", w[:, :-1], vv[:, seen])
+    assert_allclose(got, want)

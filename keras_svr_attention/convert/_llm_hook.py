@@ -1,11 +1,12 @@
 """SVR attention inside decoder LLM attention layers (KerasHub's Llama,
-Mistral, Qwen, Qwen3, GPT-NeoX, Gemma and layers built the same way).
+Mistral, Qwen, Qwen3, GPT-NeoX, Gemma, GPT-OSS and layers built the same
+way).
 
 Such a layer projects, applies its rotary embedding (and Qwen3 its QK-norm),
 writes its cache, repeats K/V to the query heads, then calls the hook
 `_compute_attention(query, key, value, attention_mask)` (Qwen's also takes
-`cache_update_index`; Gemma's caps its logits, which the op does to the
-SVR logits). Conversion gives
+`cache_update_index`; Gemma's caps its logits and GPT-OSS's adds attention
+sinks, which the op does to the SVR logits). Conversion gives
 the layer a subclass of its own class (its weights, rotary embedding,
 cache and projections stay its own) whose hook is
 `svr_dot_product_attention`, causal at the cache index that `call`
@@ -70,6 +71,7 @@ HOOKS = [
     HOOK + ["cache_update_index"],
     HOOK + ["training"],
     ["self", "q", "k", "v", "attention_mask", "training", "cache_update_index"],
+    HOOK + ["start_index"],  # GPT-OSS's: the cache index, its sinks
 ]
 
 
@@ -85,12 +87,16 @@ def logit_scale(layer):
 
 
 def sliding_window(layer):
-    """The band the layer's own hook applies (Qwen: |i - j| < w, when
-    `use_sliding_window_attention`; Qwen3: whenever `sliding_window_size`
-    is set), or None (Llama, and Mistral, whose band is in its mask)."""
+    """The band the layer's own hook applies, as |pos(i) - j| < w: Qwen's
+    and Gemma's, when `use_sliding_window_attention`; Qwen3's whenever
+    `sliding_window_size` is set; GPT-OSS's j >= pos(i) - w, so w + 1. None
+    for Llama, and Mistral, whose band is in its mask."""
     size = getattr(layer, "sliding_window_size", None)
     if size and getattr(layer, "use_sliding_window_attention", True):
         return int(size)
+    size = getattr(layer, "sliding_window", None)
+    if size and hasattr(layer, "sinks"):
+        return int(size) + 1
     return None
 
 
@@ -114,8 +120,11 @@ class HookedAttention:
         attention_mask=None,
         cache_update_index=None,
         training=None,
+        start_index=None,
     ):
         options = dict(self._svr_hook_options)
+        if cache_update_index is None:  # GPT-OSS names it start_index
+            cache_update_index = start_index
         factors = options.pop("head_factors", None)
         if factors is not None:  # per key/value head -> per head of `key`
             # (Llama's hook gets K/V repeated to the query heads, Gemma's not)
@@ -141,6 +150,7 @@ class HookedAttention:
             else cache_update_index,
             sliding_window=sliding_window(self),
             logit_soft_cap=getattr(self, "logit_soft_cap", None),
+            sinks=getattr(self, "sinks", None),
             **options,
         )
         return ops.cast(out, query.dtype)

@@ -64,7 +64,6 @@ BLOCKING_FEATURES = {
     "T5MultiHeadAttention": "T5's relative position bias",
     "BloomAttention": "ALiBi, a linear position bias on the logits",
     "FalconAttention": "ALiBi, a linear position bias on the logits",
-    "GptOssAttention": "learned attention sinks in the softmax denominator",
 }
 
 

@@ -84,6 +84,7 @@ def kernel(
     dropout=None,
     return_scores=False,
     flash_attention=None,
+    sinks=None,
 ):
     """The kernel of `options`, chosen once, with Attention-BN bound in.
 
@@ -99,7 +100,9 @@ def kernel(
         dropout: callable on the attention weights, or None.
         return_scores: bool. Also return the weights.
         flash_attention: passed to `keras.ops.dot_product_attention`.
+        sinks: `(N,)` attention sink logits, one per head, or None.
     """
+    num_heads = len(options.head_factors)
     if options.kernel == "linear":
         return lambda group, q, k, v: linear_group(
             q, k, v, group, options, beta, return_scores
@@ -107,6 +110,7 @@ def kernel(
     return lambda group, q, k, v: softmax_group(
         q, k, v, group.mask, group.causal, options, beta, scale, dropout,
         return_scores, flash_attention,
+        visibility.select_heads(sinks, group.heads, num_heads, 0),
     )  # fmt: skip
 
 
@@ -122,6 +126,7 @@ def softmax_group(
     dropout=None,
     return_scores=False,
     flash_attention=None,
+    sinks=None,
 ):
     """Softmax attention of one group with Attention-BN (Eqns 22, 26).
 
@@ -133,6 +138,10 @@ def softmax_group(
     `standardize`, float16 heads attend in float32 (q / sigma^2 overflows
     float16 when a query sees a single key) and the result is cast back.
     `options.logit_soft_cap` caps the logits of the recentered query.
+    `sinks` `(n,)` join each row's denominator; the term of BN that cancels
+    in a plain softmax, c_i = q'_i^T (b mu_i), does not cancel against a
+    sink, so the row's sink logit becomes s + scale c_i (the rules page,
+    "Sinks").
     `beta` None means `options.beta`.
     """
     dtype = keras.backend.standardize_dtype(query.dtype)
@@ -143,14 +152,21 @@ def softmax_group(
         )
     if mask is not None and len(mask.shape) == 3:
         mask = mask[:, None]  # (B, T, S): one mask for every head
+    if sinks is not None:
+        sinks = ops.reshape(ops.cast(sinks, "float32"), (1, -1, 1, 1))
     if options.uses_bn:
         beta = (options.beta or 0.0) if beta is None else beta
         query = statistics.recenter_query(
-            query, key, beta, options, mask, is_causal
+            query, key, beta, options, mask, is_causal, sinks is not None
         )
+        if sinks is not None:
+            query, offset = query
+            scale = query.shape[-1] ** -0.5 if scale is None else scale
+            offset = ops.transpose(offset, (0, 2, 1))[..., None] * scale
+            sinks = sinks + offset
     out, scores = kernels.softmax_attention(
         query, key, value, mask, is_causal, scale, dropout, return_scores,
-        flash_attention, options.logit_soft_cap,
+        flash_attention, options.logit_soft_cap, sinks,
     )  # fmt: skip
     if upcast:
         out = ops.cast(out, dtype)

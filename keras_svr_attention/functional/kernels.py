@@ -42,6 +42,7 @@ def softmax_attention(
     return_scores=False,
     flash_attention=None,
     soft_cap=None,
+    sinks=None,
 ):
     """Softmax attention, the SVR expansion with Phi(x)^T Phi(y) = exp(x^T y).
 
@@ -49,6 +50,10 @@ def softmax_attention(
     h_i = sum_j softmax_j(cap(scale * q_i^T k_j)  |  m_ij) v_j
     cap(x) = c tanh(x / c)    (with `soft_cap` c; else cap(x) = x)
     ```
+
+    With `sinks` s, each row's denominator also holds exp(s): the weights
+    are exp(l_ij) / (sum_j exp(l_ij) + exp(s_i)) (GPT-OSS's attention
+    sinks).
 
     where m is `mask` (finished by `visibility.plan_head_groups`) and,
     with `is_causal`, j <= i. This is the one place that decides the
@@ -71,6 +76,8 @@ def softmax_attention(
         flash_attention: passed to `keras.ops.dot_product_attention`.
         soft_cap: float c > 0 or None. Caps the logits (Gemma 2's
             attention logit soft-capping); takes the explicit path.
+        sinks: `(B|1, N|1, T|1, 1)` sink logits, or None; takes the
+            explicit path.
 
     Returns:
         `(output, scores)`: `(B, T, N, Dv)` in `query.dtype` and the weights
@@ -82,7 +89,8 @@ def softmax_attention(
     """
     scale = scale if scale is not None else query.shape[-1] ** -0.5
     rows = None
-    fused = fuses(query, value, dropout, return_scores) and not soft_cap
+    fused = fuses(query, value, dropout, return_scores)
+    fused = fused and not soft_cap and sinks is None
     if mask is not None and len(mask.shape) == 3:
         mask = mask[:, None]  # (B, T, S): one mask for every head
     if is_causal and not (fused and mask is None):
@@ -111,7 +119,14 @@ def softmax_attention(
         if mask is not None:
             neg = -1e30 if dtype == "float32" else -1e300
             logits = ops.where(mask, logits, ops.cast(neg, dtype))
-        weights = ops.softmax(logits, axis=-1)
+        if sinks is None:
+            weights = ops.softmax(logits, axis=-1)
+        else:  # one more logit in each row's denominator, then dropped
+            sinks = ops.broadcast_to(
+                ops.cast(sinks, dtype), (*shape_of(logits)[:3], 1)
+            )
+            weights = ops.softmax(ops.concatenate([logits, sinks], -1), -1)
+            weights = weights[..., :-1]
         if rows is not None:
             weights = ops.where(rows, weights, 0.0)
         scores = ops.cast(weights, query.dtype) if return_scores else None

@@ -139,7 +139,9 @@ def normalize(x, mean, variance, beta, epsilon):
     return out
 
 
-def recenter_query(query, key, beta, options, mask=None, causal=False):
+def recenter_query(
+    query, key, beta, options, mask=None, causal=False, with_offset=False
+):
     """Attention-BN's query under the softmax kernel (Eqns 22, 26).
 
     Terms that do not depend on key j cancel in the softmax, so
@@ -161,6 +163,9 @@ def recenter_query(query, key, beta, options, mask=None, causal=False):
         mask: boolean `(B|1, N|1, T|1, S)` (finished), or None.
         causal: bool. Query i also sees only keys j <= i (the kernel's
             `is_causal`): the statistics need the mask the kernel does not.
+        with_offset: bool. Also return the term that cancels,
+            c_i = q'_i^T (b mu_i) `(B, T, N)` in float32: the softmax drops
+            it, a softmax with attention sinks does not.
     """
     if causal:
         causal = masks_lib.causal_mask(shape_of(query)[1], shape_of(key)[1])
@@ -171,6 +176,9 @@ def recenter_query(query, key, beta, options, mask=None, causal=False):
     shifted = ops.cast(query, dtype) - ops.cast(beta, dtype) * mean
     if variance is not None:
         shifted = shifted / (variance + options.epsilon)
+    if with_offset:
+        offset = ops.sum(shifted * ops.cast(beta, dtype) * mean, axis=-1)
+        return ops.cast(shifted, query.dtype), offset
     return ops.cast(shifted, query.dtype)
 
 

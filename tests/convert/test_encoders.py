@@ -137,19 +137,6 @@ def test_encoders_convert_exactly_and_bn_sh_changes_them(name):
             ),
             "ALiBi",
         ),
-        (
-            "gpt-oss",
-            lambda: models.GptOssBackbone(
-                vocabulary_size=40,
-                num_layers=2,
-                num_query_heads=4,
-                num_key_value_heads=2,
-                hidden_dim=16,
-                intermediate_dim=32,
-                num_experts=2,
-            ),
-            "attention sinks",
-        ),
     ],
 )
 def test_models_with_attention_of_their_own_are_refused_naming_it(

@@ -62,6 +62,11 @@ def _llama(family="llama"):
             **config,
         )
         task = keras_hub.models.GemmaCausalLM
+    elif family == "gpt-oss":  # learned sinks, a window j >= i - w
+        backbone = keras_hub.models.GptOssBackbone(
+            num_experts=2, sliding_window=3, **config
+        )
+        task = keras_hub.models.GptOssCausalLM
     else:  # Qwen3: QK-norm before the hook, a sliding window in it
         backbone = keras_hub.models.Qwen3Backbone(head_dim=4, **config)
         task = keras_hub.models.Qwen3CausalLM
@@ -78,14 +83,15 @@ def _batch(length=10):
 
 
 def _attention_classes(lm):
+    names = ("_self_attention_layer", "self_attention_layer", "attention")
     return [
-        type(getattr(block, "_self_attention_layer", None) or block.attention)
+        type(next(getattr(block, n) for n in names if hasattr(block, n)))
         for block in lm.backbone.transformer_layers
     ]
 
 
 @pytest.mark.parametrize(
-    "family", ["llama", "mistral", "qwen", "qwen3", "neox", "gemma"]
+    "family", ["llama", "mistral", "qwen", "qwen3", "neox", "gemma", "gpt-oss"]
 )
 def test_options_off_give_the_original_logits_on_a_padded_batch(family):
     lm = _llama(family)
@@ -145,6 +151,8 @@ def test_bn_sh_change_the_logits_and_train(attention):
         ("qwen3", "bn+sh"),
         ("gemma", "softmax"),
         ("gemma", "bn+sh"),
+        ("gpt-oss", "softmax"),
+        ("gpt-oss", "bn+sh"),
         # Not GPT-NeoX: KerasHub's own cached step rotates its query as if
         # at position 0, so even the original's generate() differs from
         # teacher forcing.
