@@ -88,7 +88,6 @@ def softmax_attention(
     (2, 5, 3, 4)
     """
     scale = scale if scale is not None else query.shape[-1] ** -0.5
-    rows = None
     fused = fuses(query, value, dropout, return_scores)
     fused = fused and not soft_cap and sinks is None
     if mask is not None and len(mask.shape) == 3:
@@ -96,10 +95,10 @@ def softmax_attention(
     if is_causal and not (fused and mask is None):
         causal = masks_lib.causal_mask(shape_of(query)[1], shape_of(key)[1])
         mask, is_causal = masks_lib.merge_masks(mask, causal[:, None]), False
-    if mask is not None:
-        rows = ops.any(mask, axis=-1, keepdims=True)  # (B|1, N|1, T|1, 1)
-        # A row that sees no key attends everywhere (finite on every
-        # backend) and is zeroed below.
+    rows = None if mask is None else ops.any(mask, axis=-1, keepdims=True)
+    if rows is not None:
+        # rows (B|1, N|1, T|1, 1): a row that sees no key attends
+        # everywhere (finite on every backend) and is zeroed below.
         mask = ops.logical_or(mask, ops.logical_not(rows))
 
     if fused:
@@ -119,14 +118,10 @@ def softmax_attention(
         if mask is not None:
             neg = -1e30 if dtype == "float32" else -1e300
             logits = ops.where(mask, logits, ops.cast(neg, dtype))
-        if sinks is None:
-            weights = ops.softmax(logits, axis=-1)
-        else:  # one more logit in each row's denominator, then dropped
-            sinks = ops.broadcast_to(
-                ops.cast(sinks, dtype), (*shape_of(logits)[:3], 1)
-            )
-            weights = ops.softmax(ops.concatenate([logits, sinks], -1), -1)
-            weights = weights[..., :-1]
+        if sinks is not None:  # one more logit in the row's denominator
+            sinks = ops.zeros_like(logits[..., :1]) + ops.cast(sinks, dtype)
+            logits = ops.concatenate([logits, sinks], axis=-1)
+        weights = ops.softmax(logits, axis=-1)[..., : shape_of(key)[1]]
         if rows is not None:
             weights = ops.where(rows, weights, 0.0)
         scores = ops.cast(weights, query.dtype) if return_scores else None
