@@ -117,7 +117,7 @@ def softmax_attention(
             logits = ops.tanh(logits / soft_cap) * soft_cap
         if mask is not None:
             neg = -1e30 if dtype == "float32" else -1e300
-            logits = ops.where(mask, logits, ops.cast(neg, dtype))
+            logits = ops.where(mask, logits, ops.convert_to_tensor(neg, dtype))
         if sinks is not None:  # one more logit in the row's denominator
             sinks = ops.zeros_like(logits[..., :1]) + ops.cast(sinks, dtype)
             logits = ops.concatenate([logits, sinks], axis=-1)
