@@ -148,6 +148,7 @@ def test_bn_sh_change_the_logits_and_train(attention):
         ("mistral", "bn"),
         ("qwen", "softmax"),
         ("qwen", "bn+sh"),
+        ("qwen", "linear+bn+sh"),
         ("qwen3", "bn+sh"),
         ("gemma", "softmax"),
         ("gemma", "bn+sh"),
