@@ -138,6 +138,11 @@ def _hook_options(layer, attention, options):
                 "attends within one (a band mask would make it quadratic). "
                 f"Received: sliding_window={band}, kernel='linear'"
             )
+        if hooked.get("kernel") == "linear" and hasattr(layer, "sinks"):
+            raise ValueError(
+                "the linear kernel has no softmax denominator for this "
+                "layer's attention sinks. Received: kernel='linear'"
+            )
         extra = set(hooked) - set(llm.HOOK_OPTIONS)
         if extra:
             raise ValueError(

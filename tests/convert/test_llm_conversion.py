@@ -234,3 +234,12 @@ def test_llama_options_that_need_weights_are_refused():
 def test_a_sliding_window_family_refuses_the_linear_kernel_naming_it():
     with pytest.raises(ValueError, match="linear kernel takes no sliding"):
         ksa.replace_attention(_llama("mistral"), "linear")
+
+
+def test_attention_sinks_refuse_the_linear_kernel_naming_them():
+    lm = _llama("gpt-oss")
+    for layer in lm._flatten_layers():
+        if hasattr(layer, "sinks"):
+            layer.sliding_window = None  # the sinks alone
+    with pytest.raises(ValueError, match="attention sinks"):
+        ksa.replace_attention(lm, "linear")
