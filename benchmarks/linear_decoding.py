@@ -35,11 +35,11 @@ import argparse
 import json
 import os
 import statistics
-import time
 
 import keras
 import numpy as np
 from keras import ops
+from speed import interleaved  # benchmarks/speed.py, beside this script
 
 import keras_svr_attention as ksa
 
@@ -113,19 +113,6 @@ def compiled_step(layer, token, carry, kwargs):
             return y.sum().item()
 
     return step
-
-
-def interleaved(steps, repeats):
-    """Seconds per call of each step, interleaved in a rotated order."""
-    names = list(steps)
-    times = {name: [] for name in names}
-    for repeat in range(repeats):
-        shift = repeat % len(names)
-        for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
-            steps[name]()
-            times[name].append(time.perf_counter() - start)
-    return times
 
 
 def nbytes(tree):

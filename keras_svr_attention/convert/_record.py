@@ -97,7 +97,7 @@ class ConvertedModel(_Converted):
     converted model's record, rebuilt by `_Converted.from_config`."""
 
 
-_CONVERTED_CLASSES = {}
+_SUBCLASSES = {}
 
 
 def record_conversion(model, swapped):
@@ -117,15 +117,10 @@ def record_conversion(model, swapped):
         base = type(holder)
         if issubclass(base, _Converted):
             base = base.__mro__[2]  # (converted, _Converted, base, ...)
-        holder._svr_conversion = {
-            "base": {
-                "module": base.__module__,
-                "class_name": base.__name__,
-                "registered_name": keras.saving.get_registered_name(base),
-            },
-            "layers": record,
-        }
-        holder.__class__ = _converted_class(base)
+        holder._svr_conversion = {"base": class_record(base), "layers": record}
+        holder.__class__ = registered_subclass(
+            _Converted, base, _CONVERTED_NAME
+        )
 
 
 def _name_paths(model, prefix=()):
@@ -140,11 +135,23 @@ def _name_paths(model, prefix=()):
         yield from _name_paths(layer, names)
 
 
-def _converted_class(base):
-    if base not in _CONVERTED_CLASSES:
-        cls = type(base.__name__, (_Converted, base), {})
+def class_record(cls):
+    """What `keras.saving.deserialize_keras_object` needs to find `cls`."""
+    return {
+        "module": cls.__module__,
+        "class_name": cls.__name__,
+        "registered_name": keras.saving.get_registered_name(cls),
+    }
+
+
+def registered_subclass(mixin, base, name):
+    """`base` with `mixin` before it, under `base`'s own name, registered
+    as `name` (the mixin's `from_config` rebuilds `base`): one class per
+    (mixin, base)."""
+    if (mixin, base) not in _SUBCLASSES:
+        cls = type(base.__name__, (mixin, base), {})
         cls.__module__ = base.__module__
-        _CONVERTED_CLASSES[base] = keras.saving.register_keras_serializable(
-            package="keras_svr_attention", name=_CONVERTED_NAME
+        _SUBCLASSES[mixin, base] = keras.saving.register_keras_serializable(
+            package="keras_svr_attention", name=name
         )(cls)
-    return _CONVERTED_CLASSES[base]
+    return _SUBCLASSES[mixin, base]

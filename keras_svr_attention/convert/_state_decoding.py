@@ -19,6 +19,7 @@ import keras
 from keras import ops
 
 from keras_svr_attention.convert import _keras_internals as internals
+from keras_svr_attention.convert import _record as record
 from keras_svr_attention.layers.svr_attention import SVRAttention
 
 _MARK = "svr_state_decoding"
@@ -76,14 +77,7 @@ class _StateDecoding:
 
     def get_config(self):
         base = type(self).__mro__[2]
-        return {
-            **super().get_config(),
-            _MARK: {
-                "module": base.__module__,
-                "class_name": base.__name__,
-                "registered_name": keras.saving.get_registered_name(base),
-            },
-        }
+        return {**super().get_config(), _MARK: record.class_record(base)}
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
@@ -96,20 +90,12 @@ class _StateDecoding:
         return model
 
 
-_CLASSES = {}
-
-
 def mark(model):
     """Makes `model` (a causal LM) generate with its layers' states; its
     `.keras` file loads it so."""
     base = type(model)
-    if issubclass(base, _StateDecoding):
-        return model
-    if base not in _CLASSES:
-        cls = type(base.__name__, (_StateDecoding, base), {})
-        cls.__module__ = base.__module__
-        _CLASSES[base] = keras.saving.register_keras_serializable(
-            package="keras_svr_attention", name=_NAME
-        )(cls)
-    model.__class__ = _CLASSES[base]
+    if not issubclass(base, _StateDecoding):
+        model.__class__ = record.registered_subclass(
+            _StateDecoding, base, _NAME
+        )
     return model

@@ -3,6 +3,7 @@ what the design says: a state of fixed size, a cache that grows."""
 
 import importlib.util
 import os
+import sys
 
 import pytest
 
@@ -13,10 +14,15 @@ ROOT = os.path.dirname(
 
 @pytest.fixture(scope="module")
 def bench():
-    path = os.path.join(ROOT, "benchmarks", "linear_decoding.py")
+    folder = os.path.join(ROOT, "benchmarks")
+    path = os.path.join(folder, "linear_decoding.py")
     spec = importlib.util.spec_from_file_location("linear_decoding", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, folder)  # its `from speed import ...`, as when run
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(folder)
     return module
 
 
