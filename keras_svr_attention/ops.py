@@ -35,11 +35,12 @@ def svr_dot_product_attention(
     sliding_window=None,
     logit_soft_cap=None,
     sinks=None,
+    key_bias=None,
 ):
     """Scaled dot-product attention with Attention-BN and -SH.
 
     ```text
-    h_i = sum_j softmax_j(scale (q_i - b mu_i)^T k'_j | m_ij) v'_j
+    h_i = sum_j softmax_j(scale (q_i - b mu_i)^T k'_j + a'_j | m_ij) v'_j
     ```
 
     where:
@@ -57,7 +58,8 @@ def svr_dot_product_attention(
       causality a pooled window is seen only by queries at or after the end
       of its full span, so no output depends on a later position (the
       rules page, "Causal windows"); a query that sees no key outputs
-      zeros.
+      zeros;
+    - `a'` is `key_bias` (0 without it), pooled like the keys.
 
     Args:
         query: `(B, T, N, H)`.
@@ -88,6 +90,12 @@ def svr_dot_product_attention(
             each row's softmax denominator and takes no value (GPT-OSS's
             attention sinks); under BN the exact logits
             (q_i - b mu_i)^T (k_j - b mu_i) are kept against it (softmax
+            kernel).
+        key_bias: `(B|1, N, S)` tensor or None. A logit bias per query
+            head and key, added after the scale (ALiBi's m_h j). Under SH a
+            window's bias is the mean over its valid keys: ALiBi at the
+            window's mean position (the rules page, "ALiBi"). The row term
+            of BN is constant along j, so BN's logits stay exact (softmax
             kernel).
 
     Returns:
@@ -125,17 +133,11 @@ def svr_dot_product_attention(
         offset=causal_offset,
     )
     scale = query.shape[-1] ** -0.5 if scale is None else scale
-    if sinks is not None and (
-        options.kernel == "linear" or tuple(sinks.shape) != (query.shape[2],)
-    ):
-        raise ValueError(
-            "`sinks` must be one logit per query head, shape "
-            f"({query.shape[2]},), under kernel='softmax'. Received: "
-            f"sinks.shape={tuple(sinks.shape)}, kernel={options.kernel!r}"
-        )
+    _check_extra_logits(sinks, key_bias, query.shape[2], options.kernel)
     attend = attention.kernel(
-        options, learned, scale, flash_attention=flash_attention, sinks=sinks
-    )
+        options, learned, scale, flash_attention=flash_attention,
+        sinks=sinks, key_bias=key_bias,
+    )  # fmt: skip
     return attention.svr_attention(query, key, value, plan, attend)[0]
 
 
@@ -165,6 +167,27 @@ def _options(
                 "kernel='linear'"
             )
     return options
+
+
+def _check_extra_logits(sinks, key_bias, num_heads, kernel):
+    """`sinks` `(N,)` and `key_bias` `(B|1, N, S)`, softmax kernel only."""
+    for name, value, shape in (
+        ("sinks", sinks, f"({num_heads},)"),
+        ("key_bias", key_bias, f"(B or 1, {num_heads}, S)"),
+    ):
+        if value is None:
+            continue
+        rank = 1 if name == "sinks" else 3
+        if (
+            kernel == "linear"
+            or len(value.shape) != rank
+            or value.shape[rank // 2] != num_heads
+        ):
+            raise ValueError(
+                f"`{name}` must have shape {shape}, one entry per query "
+                f"head, under kernel='softmax'. Received: {name}.shape="
+                f"{tuple(value.shape)}, kernel={kernel!r}"
+            )
 
 
 def _check_heads(query, key, value):

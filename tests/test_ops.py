@@ -245,3 +245,65 @@ def test_attention_sinks_join_the_denominator_of_the_svr_softmax(options):
             w = w / w.sum(1, keepdims=True)
             want[:, i, h] = np.einsum("bs,bsd->bd", w[:, :-1], vv[:, seen])
     assert_allclose(got, want)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"beta": 1.0}, {"beta": 0.5, "head_factors": [1, 3]}],
+    ids=["softmax", "bn", "bn+sh"],
+)
+def test_alibi_key_bias_is_added_to_the_svr_logits(options):
+    # Bloom's and Falcon's ALiBi on Attention-BN's logits, written plainly:
+    # softmax_j((q_i - b mu_i)^T (k_j - b mu_i) / sqrt(D) + m_h j) over the
+    # keys query i sees, padding included; an SH head pools its bias with
+    # its keys: m_h times the mean position of a window's valid keys.
+    rng = np.random.default_rng(7)
+    q = rng.normal(size=(2, 7, 4, 4))
+    k, v = (rng.normal(size=(2, 7, 2, 4)) for _ in "kv")
+    slopes = np.array([0.5, 0.25, 0.125, 0.0625])
+    positions = np.arange(7.0)
+    bias = slopes[None, :, None] * positions[None, None, :]  # (1, N, S)
+    valid = np.ones((2, 7), bool)
+    valid[1, 5:] = False  # right padding of the second sample
+    got = ksa.svr_dot_product_attention(
+        *(x.astype("float32") for x in (q, k, v)), is_causal=True,
+        mask=valid[:, None, None, :], key_bias=bias.astype("float32"),
+        **options,
+    )  # fmt: skip
+    beta = options.get("beta", 0.0)
+    want = np.zeros((2, 7, 4, 4))
+    for b in range(2):
+        for h in range(4):
+            g = h // 2
+            factor = options.get("head_factors", [1, 1])[g]
+            starts = np.arange(0, 7, factor)
+            members = [
+                [j for j in range(s, min(s + factor, 7)) if valid[b, j]]
+                for s in starts
+            ]
+            ends = starts + factor - 1  # a window is seen after its span
+            kept = [i for i, m in enumerate(members) if m]
+            kk = np.stack([k[b, members[w], g].mean(0) for w in kept])
+            vv = np.stack([v[b, members[w], g].mean(0) for w in kept])
+            aa = np.array([slopes[h] * np.mean(members[w]) for w in kept])
+            for i in range(7):
+                seen = ends[kept] <= i
+                if not valid[b, i] or not seen.any():
+                    continue
+                mu = kk[seen].mean(0)
+                qi = q[b, i, h] - beta * mu
+                logits = (kk[seen] - beta * mu) @ qi / 2.0 + aa[seen]
+                w = np.exp(logits - logits.max())
+                want[b, i, h] = (w / w.sum()) @ vv[seen]
+    got = ops.convert_to_numpy(got) * valid[:, :, None, None]
+    assert_allclose(got, want)
+
+
+def test_key_bias_needs_one_row_per_query_head_and_the_softmax_kernel():
+    x = np.zeros((1, 3, 4, 2), "float32")
+    with pytest.raises(ValueError, match=r"`key_bias` must have shape \(B"):
+        ksa.svr_dot_product_attention(x, x, x, key_bias=np.zeros((1, 2, 3)))
+    with pytest.raises(ValueError, match="`key_bias`.*kernel='linear'"):
+        ksa.svr_dot_product_attention(
+            x, x, x, kernel="linear", key_bias=np.zeros((1, 4, 3))
+        )

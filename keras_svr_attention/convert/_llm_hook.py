@@ -1,12 +1,15 @@
 """SVR attention inside decoder LLM attention layers (KerasHub's Llama,
-Mistral, Qwen, Qwen3, GPT-NeoX, Gemma, GPT-OSS and layers built the same
-way).
+Mistral, Qwen, Qwen3 and their MoE variants, SmolLM3, GPT-NeoX, Gemma,
+Gemma 3, GPT-OSS, Bloom, Falcon and layers built the same way).
 
 Such a layer projects, applies its rotary embedding (and Qwen3 its QK-norm),
 writes its cache, repeats K/V to the query heads, then calls the hook
 `_compute_attention(query, key, value, attention_mask)` (Qwen's also takes
 `cache_update_index`; Gemma's caps its logits and GPT-OSS's adds attention
-sinks, which the op does to the SVR logits). Conversion gives
+sinks, which the op does to the SVR logits). Bloom and Falcon have no
+hook: their attention adds ALiBi's bias inside `call`, which
+`ALiBiAttention` takes over with their own projections and cache
+(`key_bias`). Conversion gives
 the layer a subclass of its own class (its weights, rotary embedding,
 cache and projections stay its own) whose hook is
 `svr_dot_product_attention`, causal at the cache index that `call`
@@ -46,21 +49,69 @@ def key_value_heads(layer):
     return attribute(layer, "num_heads") if heads is None else heads
 
 
-def drops_attention_weights(layer):
-    """Whether the layer's own hook applies dropout to the attention
-    weights (GPT-NeoX's takes `training` for it)."""
+def attention_dropout(layer):
+    """The rate of dropout the layer applies to its attention weights,
+    which SVR attention in the hook does not: GPT-NeoX's hook takes
+    `training` for it, Bloom and Falcon drop inside `call`. 0 if none."""
+    if type(layer).__name__ in ALIBI:
+        return attribute(layer, "dropout") or attribute(
+            layer, "attention_dropout_rate"
+        )
     hook = inspect.signature(type(layer)._compute_attention).parameters
-    return "training" in hook and bool(getattr(layer, "dropout", 0))
+    return getattr(layer, "dropout", 0) if "training" in hook else 0
+
+
+def softmax_only_features(layer):
+    """What the layer's attention does that only the softmax kernel
+    composes with, in words: its window, sinks, ALiBi."""
+    band = sliding_window(layer)
+    return [
+        feature
+        for feature, present in (
+            (
+                f"sliding_window={band} (the linear kernel takes no sliding "
+                "window: a band mask would make it quadratic)",
+                band,
+            ),
+            (
+                "attention sinks (the linear kernel has no softmax "
+                "denominator for them)",
+                hasattr(layer, "sinks"),
+            ),
+            (
+                "ALiBi, a position bias on the logits (the linear kernel "
+                "has no logits to add it to)",
+                type(layer).__name__ in ALIBI,
+            ),
+        )
+        if present
+    ]
 
 
 def is_hookable(layer):
-    """A decoder-LLM attention layer with Llama's call and hook."""
+    """A decoder-LLM attention layer with Llama's call and hook, or one
+    whose `call` `ALiBiAttention` takes over (Bloom, Falcon)."""
+    if type(layer).__name__ in ALIBI:
+        return True
     hook = getattr(type(layer), "_compute_attention", None)
     if hook is None or key_value_heads(layer) is None:
         return False
-    names = list(inspect.signature(hook).parameters)
-    call = list(inspect.signature(type(layer).call).parameters)
-    return names in HOOKS and "cache_update_index" in call
+    names = _named_parameters(hook)
+    # The cache index reaches the hook through `call` or (SmolLM3) itself.
+    return names in HOOKS and "cache_update_index" in (
+        _named_parameters(type(layer).call) + names
+    )
+
+
+def _named_parameters(function):
+    """The names of `function`'s parameters, without `*args`/`**kwargs`
+    (Qwen-MoE's hook takes `**kwargs` it never reads)."""
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return [
+        name
+        for name, parameter in inspect.signature(function).parameters.items()
+        if parameter.kind not in variadic
+    ]
 
 
 # The hook signatures taken: Llama's and Mistral's, Qwen's (the cache
@@ -76,10 +127,11 @@ HOOKS = [
 
 
 def logit_scale(layer):
-    """The scale of the layer's logits: Llama's `_inv_norm_factor`;
-    Gemma's 1 / sqrt(head_dim), or 1 / sqrt(hidden_dim / heads) without
-    `query_head_dim_normalize`; else None (1 / sqrt(head_dim))."""
-    scale = getattr(layer, "_inv_norm_factor", None)
+    """The scale of the layer's logits: Llama's `_inv_norm_factor` (Bloom's
+    and Falcon's `inv_norm_factor`); Gemma's 1 / sqrt(head_dim), or
+    1 / sqrt(hidden_dim / heads) without `query_head_dim_normalize`; else
+    None (1 / sqrt(head_dim))."""
+    scale = attribute(layer, "inv_norm_factor")
     normalize = getattr(layer, "query_head_dim_normalize", None)
     if scale is None and normalize is False:
         scale = (layer.hidden_dim // layer.num_query_heads) ** -0.5
@@ -87,17 +139,28 @@ def logit_scale(layer):
 
 
 def sliding_window(layer):
-    """The band the layer's own hook applies, as |pos(i) - j| < w: Qwen's
-    and Gemma's, when `use_sliding_window_attention`; Qwen3's whenever
-    `sliding_window_size` is set; GPT-OSS's j >= pos(i) - w, so w + 1. None
-    for Llama, and Mistral, whose band is in its mask."""
+    """The band of the layer's attention, as |pos(i) - j| < w: Qwen's and
+    Gemma's, when `use_sliding_window_attention`; Qwen3's whenever
+    `sliding_window_size` is set; GPT-OSS's j >= pos(i) - w, so w + 1;
+    Mistral's and Mixtral's i < j + w, which their decoders put in the mask
+    (`band_in_mask`). None for Llama."""
     size = getattr(layer, "sliding_window_size", None)
     if size and getattr(layer, "use_sliding_window_attention", True):
         return int(size)
-    size = getattr(layer, "sliding_window", None)
-    if size and hasattr(layer, "sinks"):
-        return int(size) + 1
+    size = attribute(layer, "sliding_window")
+    if size:
+        return int(size) + 1 if hasattr(layer, "sinks") else int(size)
     return None
+
+
+def band_in_mask(layer):
+    """Whether the layer's band reaches its hook only inside the decoder's
+    mask (Mistral, Mixtral), where it cannot be told from padding."""
+    return (
+        attribute(layer, "sliding_window") is not None
+        and getattr(layer, "sliding_window_size", None) is None
+        and not hasattr(layer, "sinks")
+    )
 
 
 class HookedAttention:
@@ -121,6 +184,7 @@ class HookedAttention:
         cache_update_index=None,
         training=None,
         start_index=None,
+        key_bias=None,
     ):
         options = dict(self._svr_hook_options)
         if cache_update_index is None:  # GPT-OSS names it start_index
@@ -130,8 +194,18 @@ class HookedAttention:
             # (Llama's hook gets K/V repeated to the query heads, Gemma's not)
             groups = key.shape[2] // len(factors)
             factors = [f for f in factors for _ in range(groups)]
+        offset = (
+            getattr(self, "_svr_offset", 0)
+            if cache_update_index is None
+            else cache_update_index
+        )
+        window = sliding_window(self)
         if attention_mask is not None:
             attention_mask = ops.cast(attention_mask, "bool")[:, None]
+            if window and band_in_mask(self):
+                attention_mask = _behind_the_band(
+                    attention_mask, offset, window
+                )
             if options.get("kernel") == "linear":
                 # The decoder's mask is causal and key padding: the linear
                 # kernel takes the padding, its last row; causality comes
@@ -145,27 +219,109 @@ class HookedAttention:
             is_causal=True,
             scale=logit_scale(self),
             head_factors=factors,
-            causal_offset=getattr(self, "_svr_offset", 0)
-            if cache_update_index is None
-            else cache_update_index,
-            sliding_window=sliding_window(self),
+            causal_offset=offset,
+            sliding_window=window,
             logit_soft_cap=getattr(self, "logit_soft_cap", None),
             sinks=getattr(self, "sinks", None),
+            key_bias=key_bias,
             **options,
         )
         return ops.cast(out, query.dtype)
 
+
+def _behind_the_band(mask, offset, window):
+    """A decoder's mask `(B, 1, T, S)` with its band's lower edge undone:
+    keys j <= pos(i) - w, which KerasHub's decoders never pad (prompts are
+    right-padded; generated tokens are real), marked visible again. The op
+    applies the band itself (`sliding_window`), so visibility is unchanged,
+    while those keys count in their SH windows as in the full forward (the
+    rules page, "Windows")."""
+    rows = ops.arange(ops.shape(mask)[2])[:, None] + offset
+    behind = ops.arange(ops.shape(mask)[3])[None, :] <= rows - window
+    return ops.logical_or(mask, behind)
+
+
+class ALiBiAttention(HookedAttention):
+    """Takes over the `call` of an attention that adds ALiBi's bias inside
+    it and has no hook (Bloom, Falcon): the layer's own projections and
+    cache, then SVR attention with the bias as the op's `key_bias` (the
+    rules page, "ALiBi")."""
+
+    def _alibi_call(self, x, key_bias, attention_mask, cache, index):
+        query, key, value = (
+            attribute(self, name + "_dense")(x)
+            for name in ("query", "key", "value")
+        )
+        if cache is not None:  # KerasHub's contract: (B, 2, S, N, H)
+            if index is None:  # read as it is
+                key, value = cache[:, 0], cache[:, 1]
+            else:
+                start = [0, index, 0, 0]
+                key = ops.slice_update(cache[:, 0], start, key)
+                value = ops.slice_update(cache[:, 1], start, value)
+                cache = ops.stack((key, value), axis=1)
+        out = self._compute_attention(
+            query, key, value, attention_mask,
+            cache_update_index=0 if index is None else index,
+            key_bias=key_bias,
+        )  # fmt: skip
+        batch, length = ops.shape(out)[0], ops.shape(out)[1]
+        out = ops.reshape(out, (batch, length, out.shape[2] * out.shape[3]))
+        out = attribute(self, "output_dense")(out)
+        return out if cache is None else (out, cache)
+
+
+class BloomALiBi(ALiBiAttention):
+    """Bloom's: m_h (j - S + 1) from its own `AlibiBias` layer, after the
+    scale."""
+
+    def call(
+        self,
+        hidden_states,
+        attention_mask=None,
+        cache=None,
+        cache_update_index=None,
+    ):
+        length = ops.shape(hidden_states if cache is None else cache[:, 0])[1]
+        zeros = ops.zeros((1, self.num_heads, 1, length), self.compute_dtype)
+        bias = self._alibi_layer(zeros)[:, :, 0]
+        return self._alibi_call(
+            hidden_states, bias, attention_mask, cache, cache_update_index
+        )
+
+
+class FalconALiBi(ALiBiAttention):
+    """Falcon's: the decoder's `alibi` `(B, N, 1, S)`, added before the
+    scale."""
+
+    def call(
+        self,
+        inputs,
+        alibi,
+        attention_mask=None,
+        cache=None,
+        cache_update_index=None,
+    ):
+        bias = alibi[:, :, 0] * ops.cast(self.inv_norm_factor, alibi.dtype)
+        return self._alibi_call(
+            inputs, bias, attention_mask, cache, cache_update_index
+        )
+
+
+# KerasHub attentions whose `call` ALiBiAttention takes over, by name.
+ALIBI = {"BloomAttention": BloomALiBi, "FalconAttention": FalconALiBi}
 
 _CLASSES = {}
 
 
 def hook(layer, options):
     """Gives `layer` the SVR hook with `options` (a dict of HOOK_OPTIONS)."""
-    base = type(layer)
-    if issubclass(base, HookedAttention):
-        base = base.__mro__[2]
+    base = next(
+        c for c in type(layer).__mro__ if not issubclass(c, HookedAttention)
+    )
     if base not in _CLASSES:
-        _CLASSES[base] = type(base.__name__, (HookedAttention, base), {})
+        mixin = ALIBI.get(base.__name__, HookedAttention)
+        _CLASSES[base] = type(base.__name__, (mixin, base), {})
         _CLASSES[base].__module__ = base.__module__
     layer._svr_hook_options = dict(options)
     layer.__class__ = _CLASSES[base]

@@ -62,14 +62,26 @@ BLOCKING_FEATURES = {
     "DisentangledSelfAttention": "DeBERTa's disentangled attention (its "
     "content-to-position and position-to-content scores)",
     "T5MultiHeadAttention": "T5's relative position bias",
-    "BloomAttention": "ALiBi, a linear position bias on the logits",
-    "FalconAttention": "ALiBi, a linear position bias on the logits",
 }
 
 
-def _unsupported_reason(layer):
-    """Why `layer` cannot become SVR attention, or None if it can."""
+def _unsupported_reason(layer, images_both_ways=False):
+    """Why `layer` cannot become SVR attention, or None if it can.
+    `images_both_ways`: the model has a vision encoder whose image tokens
+    attend to each other both ways through the decoder's mask."""
     if llm.is_hookable(layer):
+        if getattr(layer, "use_bidirectional_attention", False):
+            return (
+                f"{type(layer).__name__} has bidirectional attention "
+                "(use_bidirectional_attention=True), and SVR attention in "
+                "the decoder's hook is causal"
+            )
+        if images_both_ways:
+            return (
+                f"{type(layer).__name__} lets the model's image tokens "
+                "attend to each other both ways (a vision encoder's "
+                "prefix), and SVR attention in the decoder's hook is causal"
+            )
         return None
     feature = BLOCKING_FEATURES.get(type(layer).__name__)
     if feature:
@@ -122,27 +134,20 @@ def _hook_options(layer, attention, options):
     head factors), checked, or ValueError naming the layer."""
     try:
         num_kv_heads = llm.key_value_heads(layer)
-        if llm.drops_attention_weights(layer):
+        rate = llm.attention_dropout(layer)
+        if rate:
             raise ValueError(
-                "its hook applies dropout to the attention weights, which "
-                "SVR attention in the hook does not: build it with "
-                f"dropout=0. Received: dropout={layer.dropout}"
+                "it applies dropout to the attention weights, which SVR "
+                "attention in the hook does not: build it with no attention "
+                f"dropout. Received: attention dropout rate {rate}"
             )
         hooked = presets.options_for(attention, num_kv_heads, **options)
-        band = llm.sliding_window(layer) or getattr(
-            layer, "_sliding_window", None
-        )
-        if hooked.get("kernel") == "linear" and band:
+        features = llm.softmax_only_features(layer)
+        if hooked.get("kernel") == "linear" and features:
             raise ValueError(
-                "the linear kernel takes no sliding window, and this layer "
-                "attends within one (a band mask would make it quadratic). "
-                f"Received: sliding_window={band}, kernel='linear'"
-            )
-        if hooked.get("kernel") == "linear" and hasattr(layer, "sinks"):
-            raise ValueError(
-                "the linear kernel has no softmax denominator for this "
-                "layer's attention sinks. Received: kernel='linear'"
-            )
+                "this layer's attention has " + "; ".join(features)
+                + ". Received: kernel='linear'"
+            )  # fmt: skip
         extra = set(hooked) - set(llm.HOOK_OPTIONS)
         if extra:
             raise ValueError(
@@ -274,9 +279,14 @@ def _convertible_layers(model, skip_unsupported):
     """The attention layers of `model` to convert; the others refused (a
     ValueError) or, with `skip_unsupported`, kept with a warning."""
     convertible, refused = [], []
+    images = any(
+        getattr(layer, name, None) is not None
+        for layer in internals.flatten_layers(model, include_self=True)
+        for name in ("vision_encoder", "vit_encoder")  # Gemma 3, PaliGemma
+    )
     for layer in internals.flatten_layers(model):
         if _looks_like_attention(layer):
-            reason = _unsupported_reason(layer)
+            reason = _unsupported_reason(layer, images)
             (refused if reason else convertible).append((layer, reason))
     if not convertible:
         found = [f"{layer.name} ({why})" for layer, why in refused]

@@ -85,6 +85,7 @@ def kernel(
     return_scores=False,
     flash_attention=None,
     sinks=None,
+    key_bias=None,
 ):
     """The kernel of `options`, chosen once, with Attention-BN bound in.
 
@@ -101,6 +102,8 @@ def kernel(
         return_scores: bool. Also return the weights.
         flash_attention: passed to `keras.ops.dot_product_attention`.
         sinks: `(N,)` attention sink logits, one per head, or None.
+        key_bias: `(B|1, N, S)` logit bias per head and key (ALiBi's), or
+            None; pooled with each group's keys (`group_key_bias`).
     """
     num_heads = len(options.head_factors)
     if options.kernel == "linear":
@@ -111,7 +114,23 @@ def kernel(
         q, k, v, group.mask, group.causal, options, beta, scale, dropout,
         return_scores, flash_attention,
         visibility.select_heads(sinks, group.heads, num_heads, 0),
+        None if key_bias is None else group_key_bias(key_bias, group),
     )  # fmt: skip
+
+
+def group_key_bias(key_bias, group):
+    """A head group's share of a per-key logit bias, `(B|1, N, S)` ->
+    `(B|1, n, 1, S')`: its heads, average-pooled over each window's valid
+    keys like the keys themselves (the rules page, "ALiBi": ALiBi's m_h j
+    pools to m_h times the window's mean position)."""
+    bias = visibility.select_heads(key_bias, group.heads, key_bias.shape[1], 1)
+    if group.factor > 1:
+        bias, _ = pooling.pool_sequence(
+            ops.moveaxis(bias, 1, 2), group.factor, group.num_prefix_tokens,
+            group.valid, group.window_counts,
+        )  # fmt: skip
+        bias = ops.moveaxis(bias, 2, 1)
+    return bias[:, :, None, :]
 
 
 def softmax_group(
@@ -127,6 +146,7 @@ def softmax_group(
     return_scores=False,
     flash_attention=None,
     sinks=None,
+    bias=None,
 ):
     """Softmax attention of one group with Attention-BN (Eqns 22, 26).
 
@@ -141,7 +161,8 @@ def softmax_group(
     `sinks` `(n,)` join each row's denominator; the term of BN that cancels
     in a plain softmax, c_i = q'_i^T (b mu_i), does not cancel against a
     sink, so the row's sink logit becomes s + scale c_i (the rules page,
-    "Sinks").
+    "Sinks"). `bias` `(B|1, n, 1, S)` is added to the logits; the row
+    term of BN is constant along it, so it still cancels.
     `beta` None means `options.beta`.
     """
     dtype = keras.backend.standardize_dtype(query.dtype)
@@ -166,7 +187,7 @@ def softmax_group(
             sinks = sinks + offset
     out, scores = kernels.softmax_attention(
         query, key, value, mask, is_causal, scale, dropout, return_scores,
-        flash_attention, options.logit_soft_cap, sinks,
+        flash_attention, options.logit_soft_cap, sinks, bias,
     )  # fmt: skip
     if upcast:
         out = ops.cast(out, dtype)

@@ -43,13 +43,16 @@ def softmax_attention(
     flash_attention=None,
     soft_cap=None,
     sinks=None,
+    bias=None,
 ):
     """Softmax attention, the SVR expansion with Phi(x)^T Phi(y) = exp(x^T y).
 
     ```text
-    h_i = sum_j softmax_j(cap(scale * q_i^T k_j)  |  m_ij) v_j
+    h_i = sum_j softmax_j(cap(scale * q_i^T k_j) + b_j  |  m_ij) v_j
     cap(x) = c tanh(x / c)    (with `soft_cap` c; else cap(x) = x)
     ```
+
+    where b is `bias` (ALiBi's m_h j; else 0).
 
     With `sinks` s, each row's denominator also holds exp(s): the weights
     are exp(l_ij) / (sum_j exp(l_ij) + exp(s_i)) (GPT-OSS's attention
@@ -78,6 +81,8 @@ def softmax_attention(
             attention logit soft-capping); takes the explicit path.
         sinks: `(B|1, N|1, T|1, 1)` sink logits, or None; takes the
             explicit path.
+        bias: `(B|1, N|1, T|1, S)` added to the logits, or None; takes the
+            explicit path.
 
     Returns:
         `(output, scores)`: `(B, T, N, Dv)` in `query.dtype` and the weights
@@ -89,7 +94,7 @@ def softmax_attention(
     """
     scale = scale if scale is not None else query.shape[-1] ** -0.5
     fused = fuses(query, value, dropout, return_scores)
-    fused = fused and not soft_cap and sinks is None
+    fused = fused and not soft_cap and sinks is None and bias is None
     if mask is not None and len(mask.shape) == 3:
         mask = mask[:, None]  # (B, T, S): one mask for every head
     if is_causal and not (fused and mask is None):
@@ -100,7 +105,6 @@ def softmax_attention(
         # rows (B|1, N|1, T|1, 1): a row that sees no key attends
         # everywhere (finite on every backend) and is zeroed below.
         mask = ops.logical_or(mask, ops.logical_not(rows))
-
     if fused:
         out = ops.dot_product_attention(
             query, key, value, mask=mask, scale=scale, is_causal=is_causal,
@@ -115,6 +119,7 @@ def softmax_attention(
         logits = logits * ops.cast(scale, dtype)
         if soft_cap:
             logits = ops.tanh(logits / soft_cap) * soft_cap
+        logits = logits if bias is None else logits + ops.cast(bias, dtype)
         if mask is not None:
             neg = -1e30 if dtype == "float32" else -1e300
             logits = ops.where(mask, logits, ops.convert_to_tensor(neg, dtype))
@@ -130,8 +135,7 @@ def softmax_attention(
         out = ops.einsum("bnts,bsnd->btnd", weights, ops.cast(value, dtype))
         out = ops.cast(out, query.dtype)
     if rows is not None:
-        # (B|1, N|1, T|1, 1) -> (B|1, T|1, N|1, 1) over (B, T, N, Dv).
-        rows = ops.transpose(rows, (0, 2, 1, 3))
+        rows = ops.transpose(rows, (0, 2, 1, 3))  # (B|1, T|1, N|1, 1)
         out = ops.where(rows, out, ops.zeros_like(out))
     return out, scores
 

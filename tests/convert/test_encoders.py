@@ -119,24 +119,6 @@ def test_encoders_convert_exactly_and_bn_sh_changes_them(name):
             ),
             "relative position bias",
         ),
-        (
-            "bloom",
-            lambda: models.BloomBackbone(
-                vocabulary_size=40, intermediate_dim=32, **TEXT
-            ),
-            "ALiBi",
-        ),
-        (
-            "falcon",
-            lambda: models.FalconBackbone(
-                vocabulary_size=40,
-                num_layers=2,
-                num_attention_heads=4,
-                hidden_dim=16,
-                intermediate_dim=32,
-            ),
-            "ALiBi",
-        ),
     ],
 )
 def test_models_with_attention_of_their_own_are_refused_naming_it(

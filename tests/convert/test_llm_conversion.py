@@ -40,6 +40,14 @@ def _llama(family="llama"):
     elif family == "mistral":  # the same hook, a sliding window in its mask
         backbone = keras_hub.models.MistralBackbone(sliding_window=6, **config)
         task = keras_hub.models.MistralCausalLM
+    elif family == "phi3":  # fused QKV, its own rotary scaling
+        backbone = keras_hub.models.Phi3Backbone(**config)
+        task = keras_hub.models.Phi3CausalLM
+    elif family == "mixtral":  # experts; its band is in its mask too
+        backbone = keras_hub.models.MixtralBackbone(
+            sliding_window=6, num_experts=2, top_k=1, **config
+        )
+        task = keras_hub.models.MixtralCausalLM
     elif family == "qwen":  # the hook takes the cache index
         backbone = keras_hub.models.QwenBackbone(**config)
         task = keras_hub.models.QwenCausalLM
@@ -67,6 +75,45 @@ def _llama(family="llama"):
             num_experts=2, sliding_window=3, **config
         )
         task = keras_hub.models.GptOssCausalLM
+    elif family == "gemma3":  # QK-norm, 5 local : 1 global, two wavelengths
+        config["num_layers"] = 6  # layer 5 is global, with RoPE at 1e6
+        backbone = keras_hub.models.Gemma3Backbone(
+            image_size=None, head_dim=4, use_sliding_window_attention=True,
+            sliding_window_size=4, **config,
+        )  # fmt: skip
+        task = keras_hub.models.Gemma3CausalLM
+    elif family in ("qwen-moe", "qwen3-moe"):  # experts, Qwen's hooks
+        moe = {"num_experts": 2, "top_k": 1, "moe_intermediate_dim": 8}
+        if family == "qwen-moe":
+            backbone = keras_hub.models.QwenMoeBackbone(
+                shared_expert_intermediate_dim=8, **moe, **config
+            )
+            task = keras_hub.models.QwenMoeCausalLM
+        else:
+            backbone = keras_hub.models.Qwen3MoeBackbone(
+                head_dim=4, **moe, **config
+            )
+            task = keras_hub.models.Qwen3MoeCausalLM
+    elif family == "smollm3":  # the cache index reaches the hook itself
+        config["num_attention_heads"] = config.pop("num_query_heads")
+        backbone = keras_hub.models.SmolLM3Backbone(
+            attention_bias=False, attention_dropout=0.0, mlp_bias=False,
+            rope_layer_enabled_list=[True, False],  # a NoPE layer
+            layer_types=["attention"] * 2, layer_norm_epsilon=1e-6,
+            max_position_embeddings=32, rope_theta=10000.0,
+            partial_rotary_factor=1.0, **config,
+        )  # fmt: skip
+        task = keras_hub.models.SmolLM3CausalLM
+    elif family in ("bloom", "falcon"):  # ALiBi, no hook: `call` taken over
+        del config["num_query_heads"], config["num_key_value_heads"]
+        if family == "bloom":
+            backbone = keras_hub.models.BloomBackbone(num_heads=2, **config)
+            task = keras_hub.models.BloomCausalLM
+        else:
+            backbone = keras_hub.models.FalconBackbone(
+                num_attention_heads=2, **config
+            )
+            task = keras_hub.models.FalconCausalLM
     else:  # Qwen3: QK-norm before the hook, a sliding window in it
         backbone = keras_hub.models.Qwen3Backbone(head_dim=4, **config)
         task = keras_hub.models.Qwen3CausalLM
@@ -82,24 +129,35 @@ def _batch(length=10):
     return {"token_ids": ids, "padding_mask": padding}
 
 
-def _attention_classes(lm):
-    names = ("_self_attention_layer", "self_attention_layer", "attention")
+def _attention_layers(lm):
+    names = (
+        "_self_attention_layer", "self_attention_layer", "attention",
+        "attention_layer", "self_attention", "self_attn",
+    )  # fmt: skip
     return [
-        type(next(getattr(block, n) for n in names if hasattr(block, n)))
+        next(getattr(block, n) for n in names if hasattr(block, n))
         for block in lm.backbone.transformer_layers
     ]
 
 
-@pytest.mark.parametrize(
-    "family", ["llama", "mistral", "qwen", "qwen3", "neox", "gemma", "gpt-oss"]
-)
+def _attention_classes(lm):
+    return [type(layer) for layer in _attention_layers(lm)]
+
+
+FAMILIES = [
+    "llama", "mistral", "mixtral", "phi3", "qwen", "qwen3", "neox", "gemma", "gpt-oss",
+    "gemma3", "qwen-moe", "qwen3-moe", "smollm3", "bloom", "falcon",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_options_off_give_the_original_logits_on_a_padded_batch(family):
     lm = _llama(family)
     x = _batch()
     want = ops.convert_to_numpy(lm(x))
     same = ksa.replace_attention(lm, "softmax")
     assert all(
-        cls.__mro__[1].__name__ == "HookedAttention"
+        "HookedAttention" in [c.__name__ for c in cls.__mro__]
         for cls in _attention_classes(same)
     )
     got = ops.convert_to_numpy(same(x))
@@ -142,10 +200,12 @@ def test_bn_sh_change_the_logits_and_train(attention):
         # The linear kernel in the hook reads Llama's own key/value cache.
         ("llama", "linear+bn+sh"),
         ("mistral", "softmax"),
-        # Mistral's sliding window with SH: a cached step's single query
-        # cannot tell which keys behind its band earlier queries saw, so
-        # windows there average differently (README); BN is exact.
-        ("mistral", "bn"),
+        # Mistral's band is in its mask: the hook marks the keys behind it
+        # visible again and applies the band itself, so SH windows count
+        # the keys the full forward counts.
+        ("mistral", "bn+sh"),
+        ("mixtral", "bn+sh"),
+        ("phi3", "bn+sh"),
         ("qwen", "softmax"),
         ("qwen", "bn+sh"),
         ("qwen", "linear+bn+sh"),
@@ -154,6 +214,17 @@ def test_bn_sh_change_the_logits_and_train(attention):
         ("gemma", "bn+sh"),
         ("gpt-oss", "softmax"),
         ("gpt-oss", "bn+sh"),
+        ("gemma3", "softmax"),
+        ("gemma3", "bn+sh"),
+        ("qwen-moe", "bn+sh"),
+        ("qwen3-moe", "softmax"),
+        ("qwen3-moe", "bn+sh"),
+        ("smollm3", "softmax"),
+        ("smollm3", "bn+sh"),
+        ("bloom", "softmax"),
+        ("bloom", "bn+sh"),
+        ("falcon", "softmax"),
+        ("falcon", "bn+sh"),
         # Not GPT-NeoX: KerasHub's own cached step rotates its query as if
         # at position 0, so even the original's generate() differs from
         # teacher forcing.
@@ -169,7 +240,13 @@ def test_generate_with_the_cache_equals_teacher_forcing(family, attention):
     prompt["padding_mask"][1, 4:] = False
     prompt["token_ids"][~prompt["padding_mask"]] = 0
     new.compile(sampler="greedy")
-    out = new.generate(prompt, max_length=16, stop_token_ids=None)
+    if family == "gemma3":  # its generate() needs a preprocessor for text
+        out = new.generate_step(
+            {k: ops.convert_to_tensor(v) for k, v in prompt.items()},
+            stop_token_ids=None,
+        )
+    else:
+        out = new.generate(prompt, max_length=16, stop_token_ids=None)
     tokens = ops.convert_to_numpy(out["token_ids"])
     logits = ops.convert_to_numpy(
         new({"token_ids": tokens, "padding_mask": np.ones_like(tokens, bool)})
@@ -183,20 +260,28 @@ def test_generate_with_the_cache_equals_teacher_forcing(family, attention):
     assert len(rows) >= 20
 
 
-def test_converted_llama_survives_keras_save_and_load(tmp_path):
-    lm = _llama()
+@pytest.mark.parametrize(
+    "family",
+    ["llama", "gemma3", "qwen-moe", "qwen3-moe", "smollm3", "bloom", "falcon"],
+)
+def test_converted_lm_survives_keras_save_and_load_and_trains(family, tmp_path):
+    lm = _llama(family)
     new = ksa.replace_attention(lm, "bn+sh", head_factors=[1, 2])
     x = _batch()
     want = ops.convert_to_numpy(new(x))
-    path = os.path.join(tmp_path, "llama.keras")
+    path = os.path.join(tmp_path, "lm.keras")
     new.save(path)
     loaded = keras.saving.load_model(path)
     for cls in _attention_classes(loaded):
         assert "HookedAttention" in [c.__name__ for c in cls.__mro__]
-    for layer in loaded.backbone.transformer_layers:
-        options = layer._self_attention_layer._svr_hook_options
-        assert options["head_factors"] == [1, 2]
+    for layer in _attention_layers(loaded):
+        assert layer._svr_hook_options["head_factors"] == [1, 2]
     assert_allclose(loaded(x), want, 1e-5, 1e-5)
+    loaded.compile("sgd", keras.losses.SparseCategoricalCrossentropy(True))
+    y = np.roll(x["token_ids"], -1, axis=1)
+    loss = loaded.train_on_batch(x, y, sample_weight=x["padding_mask"])
+    assert np.all(np.isfinite(loss))
+    assert not np.allclose(ops.convert_to_numpy(loaded(x)), want)
 
 
 def test_gpt_neox_bn_sh_keeps_its_partial_rotary_and_trains():
@@ -234,6 +319,8 @@ def test_llama_options_that_need_weights_are_refused():
 def test_a_sliding_window_family_refuses_the_linear_kernel_naming_it():
     with pytest.raises(ValueError, match="linear kernel takes no sliding"):
         ksa.replace_attention(_llama("mistral"), "linear")
+    with pytest.raises(ValueError, match="sliding_window=6 .the linear"):
+        ksa.replace_attention(_llama("mixtral"), "linear")
 
 
 def test_attention_sinks_refuse_the_linear_kernel_naming_them():
@@ -243,3 +330,65 @@ def test_attention_sinks_refuse_the_linear_kernel_naming_them():
             layer.sliding_window = None  # the sinks alone
     with pytest.raises(ValueError, match="attention sinks"):
         ksa.replace_attention(lm, "linear")
+
+
+def test_alibi_refuses_the_linear_kernel_and_attention_dropout_naming_them():
+    for family in ("bloom", "falcon"):
+        with pytest.raises(ValueError, match="Attention.*ALiBi, a position"):
+            ksa.replace_attention(_llama(family), "linear")
+    bloom = keras_hub.models.BloomBackbone(
+        vocabulary_size=40, num_layers=1, num_heads=2, hidden_dim=8,
+        intermediate_dim=16, dropout=0.1,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="dropout to the attention weights"):
+        ksa.replace_attention(bloom, "bn")
+
+
+def test_gemma3_attending_both_ways_is_refused_naming_it():
+    # EmbeddingGemma's bidirectional attention, and Gemma 3's image tokens
+    # (a vision encoder's prefix that attends both ways): the hook's SVR
+    # attention is causal, so both are refused rather than made causal.
+    config = {
+        "vocabulary_size": 40, "num_layers": 1, "num_query_heads": 2,
+        "num_key_value_heads": 1, "hidden_dim": 8, "intermediate_dim": 16,
+        "head_dim": 4,
+    }  # fmt: skip
+    text = keras_hub.models.Gemma3Backbone(
+        image_size=None, use_bidirectional_attention=True, **config
+    )
+    with pytest.raises(ValueError, match="bidirectional attention"):
+        ksa.replace_attention(text, "bn")
+    vision = keras_hub.models.Gemma3VisionEncoder(
+        image_size=8, patch_size=4, num_heads=2, hidden_dim=8, num_layers=1,
+        intermediate_dim=16, output_dim=8, pool_size=2,
+    )  # fmt: skip
+    both = keras_hub.models.Gemma3Backbone(
+        image_size=8, vision_encoder=vision, **config
+    )
+    with pytest.raises(ValueError, match="image tokens.*both ways"):
+        ksa.replace_attention(both, "bn", skip_unsupported=False)
+
+
+def test_qk_norm_comes_before_bn_recentering():
+    # Qwen3's QK-norm and rotary embedding give the keys the hook sees; BN
+    # recenters those, written plainly here: h_i = sum_j softmax_j((q_i -
+    # b mu_i)^T k_j / sqrt(D)) v_j, mu_i the mean of the normed, rotated
+    # keys 0..i of the query's key/value head.
+    lm = _llama("qwen3")
+    layer = _attention_layers(ksa.replace_attention(lm, "bn", beta=0.7))[0]
+    x = keras.random.normal((2, 6, 16), seed=3)
+    rope = layer.rotary_embedding_layer
+    q = rope(layer._query_dense_layer_norm(layer._query_dense(x)))
+    k = rope(layer._key_dense_layer_norm(layer._key_dense(x)))
+    q, k, v = (ops.convert_to_numpy(t) for t in (q, k, layer._value_dense(x)))
+    k, v = np.repeat(k, 2, axis=2), np.repeat(v, 2, axis=2)  # 2 groups
+    mu = np.cumsum(k, axis=1) / np.arange(1, 7)[None, :, None, None]
+    logits = np.einsum("btnd,bsnd->bnts", q - 0.7 * mu, k) / 2.0  # D = 4
+    logits = np.where(np.tril(np.ones((6, 6), bool)), logits, -np.inf)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    heads = np.einsum(
+        "bnts,bsnd->btnd", weights / weights.sum(-1, keepdims=True), v
+    )
+    want = layer._output_dense(heads.astype("float32"))
+    mask = np.tril(np.ones((2, 6, 6), "int32"))
+    assert_allclose(layer(x, attention_mask=mask), want, 1e-5, 1e-5)
