@@ -42,13 +42,15 @@ def window_sum(x, factor, num_prefix_tokens=0, axis=1):
     if factor > 1:
         length = shape_of(rest)[1]
         windows = (length + factor - 1) // factor
-        # Zero-padded to W r entries, known or symbolic (no Python branch
-        # on a symbolic length).
-        rest = zero_pad(rest, 1, after=windows * factor - length)
+        # Zero-padded to (W + 1) r entries, known or symbolic (no Python
+        # branch on a symbolic length); one window more than needed, so the
+        # padding is never empty or of size 1, sizes torch.export would fix.
+        rest = zero_pad(rest, 1, after=(windows + 1) * factor - length)
         strided = [rest[:, j::factor] for j in range(factor)]
         rest = strided[0]
         for part in strided[1:]:
             rest = rest + part
+        rest = rest[:, :windows]
     out = ops.concatenate([prefix, rest], axis=1)
     return ops.moveaxis(out, 1, axis) if axis != 1 else out
 

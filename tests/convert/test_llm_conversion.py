@@ -145,7 +145,8 @@ def _attention_classes(lm):
 
 
 FAMILIES = [
-    "llama", "mistral", "mixtral", "phi3", "qwen", "qwen3", "neox", "gemma", "gpt-oss",
+    "llama", "mistral", "mixtral", "phi3", "qwen", "qwen3", "neox", "gemma",
+    "gpt-oss",
     "gemma3", "qwen-moe", "qwen3-moe", "smollm3", "bloom", "falcon",
 ]  # fmt: skip
 
