@@ -8,8 +8,9 @@ writes its cache, repeats K/V to the query heads, then calls the hook
 `cache_update_index`; Gemma's caps its logits and GPT-OSS's adds attention
 sinks, which the op does to the SVR logits). Bloom and Falcon have no
 hook: their attention adds ALiBi's bias inside `call`, which
-`ALiBiAttention` takes over with their own projections and cache
-(`key_bias`). Conversion gives
+`CallTakenOver` takes over with their own projections and cache
+(`key_bias`), as it does GPT-NeoX's, whose cached step rotated its query
+from position 0. Conversion gives
 the layer a subclass of its own class (its weights, rotary embedding,
 cache and projections stay its own) whose hook is
 `svr_dot_product_attention`, causal at the cache index that `call`
@@ -90,8 +91,8 @@ def softmax_only_features(layer):
 
 def is_hookable(layer):
     """A decoder-LLM attention layer with Llama's call and hook, or one
-    whose `call` `ALiBiAttention` takes over (Bloom, Falcon)."""
-    if type(layer).__name__ in ALIBI:
+    whose `call` conversion takes over (`CallTakenOver`)."""
+    if type(layer).__name__ in TAKEN_OVER:
         return True
     hook = getattr(type(layer), "_compute_attention", None)
     if hook is None or key_value_heads(layer) is None:
@@ -241,39 +242,47 @@ def _behind_the_band(mask, offset, window):
     return ops.logical_or(mask, behind)
 
 
-class ALiBiAttention(HookedAttention):
-    """Takes over the `call` of an attention that adds ALiBi's bias inside
-    it and has no hook (Bloom, Falcon): the layer's own projections and
-    cache, then SVR attention with the bias as the op's `key_bias` (the
-    rules page, "ALiBi")."""
+class CallTakenOver(HookedAttention):
+    """A layer whose `call` conversion takes over, keeping its projections
+    and cache: Bloom and Falcon, which add ALiBi's bias inside `call` and
+    have no hook, and GPT-NeoX, whose cached step rotates its query as if
+    at position 0."""
 
-    def _alibi_call(self, x, key_bias, attention_mask, cache, index):
-        query, key, value = (
-            attribute(self, name + "_dense")(x)
-            for name in ("query", "key", "value")
-        )
-        if cache is not None:  # KerasHub's contract: (B, 2, S, N, H)
-            if index is None:  # read as it is
+    def _svr_call(
+        self, query, key, value, mask, cache, index, key_bias=None, rotate=None
+    ):
+        """Writes the cache at `index` (KerasHub's contract: `(B, 2, S, N,
+        H)`, read as it is when `index` is None), applies `rotate(query,
+        key, index)` to the heads if given, attends with `key_bias` and
+        projects the output: `(output, cache)`."""
+        if cache is not None:
+            if index is None:
                 key, value = cache[:, 0], cache[:, 1]
             else:
                 start = [0, index, 0, 0]
                 key = ops.slice_update(cache[:, 0], start, key)
                 value = ops.slice_update(cache[:, 1], start, value)
                 cache = ops.stack((key, value), axis=1)
+        index = 0 if index is None else index
+        if rotate is not None:
+            query, key = rotate(query, key, index)
         out = self._compute_attention(
-            query, key, value, attention_mask,
-            cache_update_index=0 if index is None else index,
-            key_bias=key_bias,
-        )  # fmt: skip
+            query, key, value, mask, cache_update_index=index, key_bias=key_bias
+        )
         batch, length = ops.shape(out)[0], ops.shape(out)[1]
         out = ops.reshape(out, (batch, length, out.shape[2] * out.shape[3]))
-        out = attribute(self, "output_dense")(out)
-        return out if cache is None else (out, cache)
+        return attribute(self, "output_dense")(out), cache
+
+    def _project(self, x):
+        return tuple(
+            attribute(self, name + "_dense")(x)
+            for name in ("query", "key", "value")
+        )
 
 
-class BloomALiBi(ALiBiAttention):
-    """Bloom's: m_h (j - S + 1) from its own `AlibiBias` layer, after the
-    scale."""
+class BloomALiBi(CallTakenOver):
+    """Bloom's ALiBi: m_h (j - S + 1) from its own `AlibiBias` layer, after
+    the scale (the rules page, "ALiBi")."""
 
     def call(
         self,
@@ -285,14 +294,16 @@ class BloomALiBi(ALiBiAttention):
         length = ops.shape(hidden_states if cache is None else cache[:, 0])[1]
         zeros = ops.zeros((1, self.num_heads, 1, length), self.compute_dtype)
         bias = self._alibi_layer(zeros)[:, :, 0]
-        return self._alibi_call(
-            hidden_states, bias, attention_mask, cache, cache_update_index
-        )
+        out, cache = self._svr_call(
+            *self._project(hidden_states), attention_mask, cache,
+            cache_update_index, key_bias=bias,
+        )  # fmt: skip
+        return out if cache is None else (out, cache)
 
 
-class FalconALiBi(ALiBiAttention):
-    """Falcon's: the decoder's `alibi` `(B, N, 1, S)`, added before the
-    scale."""
+class FalconALiBi(CallTakenOver):
+    """Falcon's ALiBi: the decoder's `alibi` `(B, N, 1, S)`, added before
+    the scale (the rules page, "ALiBi")."""
 
     def call(
         self,
@@ -303,13 +314,51 @@ class FalconALiBi(ALiBiAttention):
         cache_update_index=None,
     ):
         bias = alibi[:, :, 0] * ops.cast(self.inv_norm_factor, alibi.dtype)
-        return self._alibi_call(
-            inputs, bias, attention_mask, cache, cache_update_index
+        out, cache = self._svr_call(
+            *self._project(inputs), attention_mask, cache,
+            cache_update_index, key_bias=bias,
+        )  # fmt: skip
+        return out if cache is None else (out, cache)
+
+
+class NeoXRotary(CallTakenOver):
+    """GPT-NeoX's partial rotary embedding, the query at its cache index:
+    the first `rotary_dim` features of each head rotated, queries from
+    `cache_update_index`, the keys (cached unrotated) from 0."""
+
+    def call(
+        self,
+        hidden_states,
+        attention_mask=None,
+        cache=None,
+        cache_update_index=None,
+        training=None,
+    ):
+        heads = self._qkv_dense(hidden_states)
+        size = self.attn_head_size
+        return self._svr_call(
+            heads[..., :size], heads[..., size : 2 * size],
+            heads[..., 2 * size :], attention_mask, cache, cache_update_index,
+            rotate=self._rotate,
+        )  # fmt: skip
+
+    def _rotate(self, query, key, index):
+        d, rotary = self.rotary_dim, self.rotary_embedding_layer
+        query = ops.concatenate(
+            [rotary(query[..., :d], start_index=index), query[..., d:]], -1
         )
+        key = ops.concatenate([rotary(key[..., :d]), key[..., d:]], -1)
+        return query, key
 
 
-# KerasHub attentions whose `call` ALiBiAttention takes over, by name.
-ALIBI = {"BloomAttention": BloomALiBi, "FalconAttention": FalconALiBi}
+# KerasHub attentions whose `call` conversion takes over, by class name;
+# those with ALiBi.
+TAKEN_OVER = {
+    "BloomAttention": BloomALiBi,
+    "FalconAttention": FalconALiBi,
+    "GPTNeoXAttention": NeoXRotary,
+}
+ALIBI = ("BloomAttention", "FalconAttention")
 
 _CLASSES = {}
 
@@ -320,7 +369,7 @@ def hook(layer, options):
         c for c in type(layer).__mro__ if not issubclass(c, HookedAttention)
     )
     if base not in _CLASSES:
-        mixin = ALIBI.get(base.__name__, HookedAttention)
+        mixin = TAKEN_OVER.get(base.__name__, HookedAttention)
         _CLASSES[base] = type(base.__name__, (mixin, base), {})
         _CLASSES[base].__module__ = base.__module__
     layer._svr_hook_options = dict(options)

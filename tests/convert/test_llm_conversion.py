@@ -226,16 +226,21 @@ def test_bn_sh_change_the_logits_and_train(attention):
         ("bloom", "bn+sh"),
         ("falcon", "softmax"),
         ("falcon", "bn+sh"),
-        # Not GPT-NeoX: KerasHub's own cached step rotates its query as if
-        # at position 0, so even the original's generate() differs from
-        # teacher forcing.
+        # GPT-NeoX: KerasHub's own cached step rotates its query as if at
+        # position 0 (its generate() is not teacher forcing); the converted
+        # call rotates it at the cache index.
+        ("neox", "softmax"),
+        ("neox", "bn+sh"),
     ],
 )
 def test_generate_with_the_cache_equals_teacher_forcing(family, attention):
     # Greedy generation with the cache: one full causal forward over the
     # generated sequence predicts every generated token.
     lm = _llama(family)
-    new = ksa.replace_attention(lm, attention, **ATTENTIONS.get(attention, {}))
+    options = ATTENTIONS.get(attention, {})
+    if family == "neox" and "sh" in attention:  # 4 heads, no GQA
+        options = {"head_factors": [2, 1, 1, 2]}
+    new = ksa.replace_attention(lm, attention, **options)
     prompt = _batch(length=16)
     prompt["padding_mask"][:, 6:] = False
     prompt["padding_mask"][1, 4:] = False
