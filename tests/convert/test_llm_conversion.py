@@ -205,11 +205,14 @@ def test_bn_sh_change_the_logits_and_train(attention):
         # visible again and applies the band itself, so SH windows count
         # the keys the full forward counts.
         ("mistral", "bn+sh"),
+        ("mixtral", "softmax"),
         ("mixtral", "bn+sh"),
+        ("phi3", "softmax"),
         ("phi3", "bn+sh"),
         ("qwen", "softmax"),
         ("qwen", "bn+sh"),
         ("qwen", "linear+bn+sh"),
+        ("qwen3", "softmax"),
         ("qwen3", "bn+sh"),
         ("gemma", "softmax"),
         ("gemma", "bn+sh"),
@@ -217,6 +220,7 @@ def test_bn_sh_change_the_logits_and_train(attention):
         ("gpt-oss", "bn+sh"),
         ("gemma3", "softmax"),
         ("gemma3", "bn+sh"),
+        ("qwen-moe", "softmax"),
         ("qwen-moe", "bn+sh"),
         ("qwen3-moe", "softmax"),
         ("qwen3-moe", "bn+sh"),
@@ -231,6 +235,12 @@ def test_bn_sh_change_the_logits_and_train(attention):
         # call rotates it at the cache index.
         ("neox", "softmax"),
         ("neox", "bn+sh"),
+        # The linear kernel where the family composes with it, over the
+        # family's own key/value cache.
+        ("neox", "linear+bn+sh"),
+        ("phi3", "linear+bn+sh"),
+        ("qwen-moe", "linear+bn+sh"),
+        ("smollm3", "linear+bn+sh"),
     ],
 )
 def test_generate_with_the_cache_equals_teacher_forcing(family, attention):
@@ -322,11 +332,12 @@ def test_llama_options_that_need_weights_are_refused():
         ksa.replace_attention(_llama(), "sh", head_factors=[1, 2, 2, 4])
 
 
-def test_a_sliding_window_family_refuses_the_linear_kernel_naming_it():
-    with pytest.raises(ValueError, match="linear kernel takes no sliding"):
-        ksa.replace_attention(_llama("mistral"), "linear")
-    with pytest.raises(ValueError, match="sliding_window=6 .the linear"):
-        ksa.replace_attention(_llama("mixtral"), "linear")
+@pytest.mark.parametrize(
+    "family", ["mistral", "mixtral", "qwen3", "qwen3-moe", "gemma", "gemma3"]
+)
+def test_a_sliding_window_family_refuses_the_linear_kernel_naming_it(family):
+    with pytest.raises(ValueError, match="sliding_window=.*linear kernel"):
+        ksa.replace_attention(_llama(family), "linear")
 
 
 def test_attention_sinks_refuse_the_linear_kernel_naming_them():
