@@ -409,3 +409,36 @@ def test_qk_norm_comes_before_bn_recentering():
     want = layer._output_dense(heads.astype("float32"))
     mask = np.tril(np.ones((2, 6, 6), "int32"))
     assert_allclose(layer(x, attention_mask=mask), want, 1e-5, 1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama", "bloom", "gemma3"])
+def test_lora_and_int8_reach_the_same_sublayers_after_conversion(family):
+    # The family's projections keep their names and weight order, so
+    # KerasHub's `enable_lora` targets and Keras's `quantize` find the same
+    # layers; LoRA starts at zero, so the outputs do not move.
+    lm = _llama(family)
+    new = ksa.replace_attention(lm, "bn+sh", head_factors=[1, 2])
+    x = _batch()
+    want = ops.convert_to_numpy(new(x))
+    adapted = []
+    for model in (lm, new):
+        model.backbone.enable_lora(rank=2)
+        adapted.append(
+            sorted(w.path for w in model.trainable_weights if "lora" in w.path)
+        )
+    assert adapted[0] and adapted[0] == adapted[1]
+    assert_allclose(new(x), want, 1e-5, 1e-5)
+    quantized = ksa.replace_attention(
+        _llama(family), "bn+sh", head_factors=[1, 2]
+    )
+    quantized(x)  # built (Bloom builds its AlibiBias on the first call)
+    quantized.quantize("int8")
+    kinds = {
+        type(layer).__name__
+        for layer in _attention_layers(quantized)[0]._flatten_layers()
+        if getattr(layer, "quantization_mode", None) == "int8"
+    }
+    assert kinds, "no projection of the attention was quantized"
+    got = ops.convert_to_numpy(quantized(x))
+    assert np.all(np.isfinite(got))
+    assert np.abs(got - want).max() < 0.1 * np.abs(want).max()
