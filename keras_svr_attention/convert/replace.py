@@ -356,7 +356,9 @@ def _copy_weights(old_layers, new_layers):
         if len(old_vars) > len(new_vars):
             raise ValueError(
                 f"Layer {old.name!r} has {len(old_vars)} weights but its "
-                f"converted copy {new.name!r} has {len(new_vars)}."
+                f"converted copy {new.name!r} has {len(new_vars)}: it holds "
+                "weights its config does not describe (LoRA enabled, or "
+                "quantized?). Convert first, then enable LoRA or quantize."
             )
         for source, target in zip(old_vars, new_vars, strict=False):
             # A copy, not the same buffer: JAX's fit donates the converted

@@ -427,6 +427,8 @@ def test_lora_and_int8_reach_the_same_sublayers_after_conversion(family):
             sorted(w.path for w in model.trainable_weights if "lora" in w.path)
         )
     assert adapted[0] and adapted[0] == adapted[1]
+    with pytest.raises(ValueError, match="Convert first, then enable LoRA"):
+        ksa.replace_attention(lm, "bn")  # LoRA enabled before conversion
     assert_allclose(new(x), want, 1e-5, 1e-5)
     quantized = ksa.replace_attention(
         _llama(family), "bn+sh", head_factors=[1, 2]
