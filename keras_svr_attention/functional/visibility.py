@@ -321,7 +321,9 @@ def _plan_pooled(factor, heads, p, masks, shapes, causality):
     causal, offset, pending = causality
     valid = pooled_mask = None
     if counted is not None:
-        valid = ops.any(_broadcast_last(counted, num_keys), axis=(1, 2))
+        # One axis at a time: OpenVINO's TorchScript frontend reduced
+        # `any` over two axes to the wrong rank (tests/export).
+        valid = ops.any(ops.any(_broadcast_last(counted, num_keys), 2), 1)
         if pending is not None:
             valid = ops.logical_or(valid, pending)
     if mask is not None:

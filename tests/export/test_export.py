@@ -62,7 +62,6 @@ FILES = {
     "torch": "model.pt2",
 }
 
-SH_MODES = ("sh", "bn+sh", "linear+bn+sh", "gqa+bn+sh")
 JAX_CAUSAL = "jax2onnx refuses the fused causal kernel on dynamic shapes"
 # (format, mode or "*", mask or "*") on this backend -> why it fails.
 KNOWN = {
@@ -78,15 +77,6 @@ KNOWN = {
             for mask in MASKS
         },
         ("onnx", "bn", "causal"): "jax2onnx: symbolic causal statistics",
-    },
-    "torch": {
-        **{
-            ("openvino", mode, "padding"): "OpenVINO's TorchScript frontend "
-            "fails to convert the pooled windows' padding (a concatenation "
-            "of tensors it gives different ranks); export format='onnx' "
-            "and read it with OpenVINO (tested below)"
-            for mode in ("sh", "bn+sh", "gqa+bn+sh")
-        },
     },
 }.get(BACKEND, {})
 
@@ -198,7 +188,7 @@ def test_exported_model_serves_what_predict_computes(
     _check(model, serve(fmt, path))
 
 
-@pytest.mark.skipif(BACKEND != "torch", reason="the torch workaround")
+@pytest.mark.skipif(BACKEND != "torch", reason="torch's ONNX in OpenVINO")
 @pytest.mark.parametrize("mode", ["sh", "gqa+bn+sh"])
 def test_torch_onnx_read_by_openvino_serves_sh(mode, tmp_path):
     pytest.importorskip("onnxruntime")
