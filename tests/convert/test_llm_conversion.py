@@ -384,6 +384,12 @@ def test_gemma3_attending_both_ways_is_refused_naming_it():
     )
     with pytest.raises(ValueError, match="image tokens.*both ways"):
         ksa.replace_attention(both, "bn", skip_unsupported=False)
+    pali = keras_hub.models.PaliGemmaBackbone(
+        image_size=16, vit_patch_size=4, vit_num_heads=2, vit_hidden_dim=8,
+        vit_num_layers=1, **{**config, "num_query_heads": 2},
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="CachedGemmaAttention.*both ways"):
+        ksa.replace_attention(pali, "bn", skip_unsupported=True)
 
 
 def test_qk_norm_comes_before_bn_recentering():
