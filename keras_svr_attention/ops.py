@@ -171,17 +171,17 @@ def _options(
 
 def _check_extra_logits(sinks, key_bias, num_heads, kernel):
     """`sinks` `(N,)` and `key_bias` `(B|1, N, S)`, softmax kernel only."""
-    for name, value, shape in (
-        ("sinks", sinks, f"({num_heads},)"),
-        ("key_bias", key_bias, f"(B or 1, {num_heads}, S)"),
+    # name, tensor, expected shape in words, rank, axis of the heads
+    for name, value, shape, rank, heads_axis in (
+        ("sinks", sinks, f"({num_heads},)", 1, 0),
+        ("key_bias", key_bias, f"(B or 1, {num_heads}, S)", 3, 1),
     ):
         if value is None:
             continue
-        rank = 1 if name == "sinks" else 3
         if (
             kernel == "linear"
             or len(value.shape) != rank
-            or value.shape[rank // 2] != num_heads
+            or value.shape[heads_axis] != num_heads
         ):
             raise ValueError(
                 f"`{name}` must have shape {shape}, one entry per query "

@@ -65,28 +65,23 @@ def attention_dropout(layer):
 def softmax_only_features(layer):
     """What the layer's attention does that only the softmax kernel
     composes with, in words: its window, sinks, ALiBi."""
-    band = sliding_window(layer)
-    return [
-        feature
-        for feature, present in (
-            (
-                f"sliding_window={band} (the linear kernel takes no sliding "
-                "window: a band mask would make it quadratic)",
-                band,
-            ),
-            (
-                "attention sinks (the linear kernel has no softmax "
-                "denominator for them)",
-                hasattr(layer, "sinks"),
-            ),
-            (
-                "ALiBi, a position bias on the logits (the linear kernel "
-                "has no logits to add it to)",
-                type(layer).__name__ in ALIBI,
-            ),
+    features, band = [], sliding_window(layer)
+    if band:
+        features.append(
+            f"sliding_window={band} (the linear kernel takes no sliding "
+            "window: a band mask would make it quadratic)"
         )
-        if present
-    ]
+    if hasattr(layer, "sinks"):
+        features.append(
+            "attention sinks (the linear kernel has no softmax denominator "
+            "for them)"
+        )
+    if type(layer).__name__ in ALIBI:
+        features.append(
+            "ALiBi, a position bias on the logits (the linear kernel has no "
+            "logits to add it to)"
+        )
+    return features
 
 
 def is_hookable(layer):
@@ -273,11 +268,18 @@ class CallTakenOver(HookedAttention):
         out = ops.reshape(out, (batch, length, out.shape[2] * out.shape[3]))
         return attribute(self, "output_dense")(out), cache
 
-    def _project(self, x):
-        return tuple(
+    def _biased_call(self, x, key_bias, mask, cache, index):
+        """Bloom's and Falcon's `call` once their bias is known: their
+        query, key and value projections, then `_svr_call`; the output
+        alone without a cache, as their own `call` returns."""
+        heads = [
             attribute(self, name + "_dense")(x)
             for name in ("query", "key", "value")
+        ]
+        out, cache = self._svr_call(
+            *heads, mask, cache, index, key_bias=key_bias
         )
+        return out if cache is None else (out, cache)
 
 
 class BloomALiBi(CallTakenOver):
@@ -294,11 +296,9 @@ class BloomALiBi(CallTakenOver):
         length = ops.shape(hidden_states if cache is None else cache[:, 0])[1]
         zeros = ops.zeros((1, self.num_heads, 1, length), self.compute_dtype)
         bias = self._alibi_layer(zeros)[:, :, 0]
-        out, cache = self._svr_call(
-            *self._project(hidden_states), attention_mask, cache,
-            cache_update_index, key_bias=bias,
-        )  # fmt: skip
-        return out if cache is None else (out, cache)
+        return self._biased_call(
+            hidden_states, bias, attention_mask, cache, cache_update_index
+        )
 
 
 class FalconALiBi(CallTakenOver):
@@ -314,11 +314,9 @@ class FalconALiBi(CallTakenOver):
         cache_update_index=None,
     ):
         bias = alibi[:, :, 0] * ops.cast(self.inv_norm_factor, alibi.dtype)
-        out, cache = self._svr_call(
-            *self._project(inputs), attention_mask, cache,
-            cache_update_index, key_bias=bias,
-        )  # fmt: skip
-        return out if cache is None else (out, cache)
+        return self._biased_call(
+            inputs, bias, attention_mask, cache, cache_update_index
+        )
 
 
 class NeoXRotary(CallTakenOver):
