@@ -27,6 +27,46 @@ def size_tensor(size):
     return ops.sum(ops.ones((size,), "int32"))
 
 
+def positions(size):
+    """`(size,)` int32: 0 .. size - 1, for an int or a symbolic size.
+
+    `ops.arange` of a known size; the running sum of ones less one for a
+    symbolic size (JAX's `arange` refuses a symbolic stop when Keras passes
+    it a step, as it always does).
+
+    >>> ops.convert_to_numpy(positions(4)).tolist()
+    [0, 1, 2, 3]
+    """
+    if isinstance(size, int):
+        return ops.arange(size, dtype="int32")
+    return ops.cumsum(ops.ones((size,), "int32")) - 1
+
+
+def floor_mod(x, divisor):
+    """`x % divisor` (floor) for an int tensor: x - floor(x / d) d.
+
+    Through `ops.floor_divide`: jax2onnx (0.17) cannot lower `%` or `//` on
+    a tensor of symbolic size.
+
+    >>> ops.convert_to_numpy(floor_mod(ops.arange(-2, 3), 2)).tolist()
+    [0, 1, 0, 1, 0]
+    """
+    return x - ops.floor_divide(x, divisor) * divisor
+
+
+def concatenate(parts, axis):
+    """`ops.concatenate(parts, axis)`, joined two at a time by `ops.append`.
+
+    jax2onnx (0.17) gives `jnp.concatenate`'s result the first part's size
+    along a symbolic axis; `jnp.append` keeps the sum. Same result on every
+    backend.
+    """
+    out = parts[0]
+    for part in parts[1:]:
+        out = ops.append(out, part, axis=axis)
+    return out
+
+
 def zero_pad(x, axis, before=0, after=0):
     """`x` with `before` and `after` zeros around `axis` (ints or
     symbolic sizes).
@@ -47,7 +87,7 @@ def zero_pad(x, axis, before=0, after=0):
         for size in (before, after)
     )
     parts = [t for t in (before, x, after) if t is not None]
-    return ops.concatenate(parts, axis=axis) if len(parts) > 1 else x
+    return concatenate(parts, axis)
 
 
 def accumulation_dtype(dtype):
@@ -107,4 +147,4 @@ def align_prefix(prefix, factor, num_prefix_tokens, num_queries):
     last = prefix[:, -1:]
     shape = shape_of(last)
     parts.append(ops.broadcast_to(last, (shape[0], num_queries, *shape[2:])))
-    return ops.concatenate(parts, axis=1)[:, :num_queries]
+    return concatenate(parts, 1)[:, :num_queries]

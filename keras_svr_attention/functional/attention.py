@@ -16,6 +16,7 @@ from keras_svr_attention.functional import kernels
 from keras_svr_attention.functional import pooling
 from keras_svr_attention.functional import statistics
 from keras_svr_attention.functional import visibility
+from keras_svr_attention.functional._tensors import concatenate
 from keras_svr_attention.functional._tensors import shape_of
 
 
@@ -72,7 +73,7 @@ def svr_attention(
     merged = []
     pairs = [(outputs, 2), (scores, 1)] if return_scores else [(outputs, 2)]
     for parts, axis in pairs:
-        tensor = parts[0] if len(parts) == 1 else ops.concatenate(parts, axis)
+        tensor = parts[0] if len(parts) == 1 else concatenate(parts, axis)
         merged.append(visibility.select_heads(tensor, inverse, num_heads, axis))
     return merged[0], (merged[1] if return_scores else None)
 

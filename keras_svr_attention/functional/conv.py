@@ -14,6 +14,7 @@ unchanged. Shapes: `(B, T, N, D)` heads, as everywhere in `functional/`.
 
 from keras import ops
 
+from keras_svr_attention.functional._tensors import concatenate
 from keras_svr_attention.functional._tensors import shape_of
 from keras_svr_attention.functional._tensors import zero_pad
 
@@ -50,7 +51,7 @@ def conv_sequence(x, kernel, causal=False, num_prefix_tokens=0):
     prefix, rest = x[:, :p], x[:, p:]
     taps = size // 2 + 1 if causal else None
     out = _shifted_sum(rest, kernel, 1, size, size // 2, taps)
-    return ops.concatenate([prefix, out], axis=1)
+    return concatenate([prefix, out], 1)
 
 
 def conv_grid(x, kernel, grid_shape, num_prefix_tokens=0):
@@ -82,7 +83,7 @@ def conv_grid(x, kernel, grid_shape, num_prefix_tokens=0):
         # Row u of the kernel acts on grid rows shifted by u - s // 2.
         out = out + _shift_rows(rows[u], u - size // 2)
     out = ops.reshape(out, (shape[0], height * width, *shape[2:]))
-    return ops.concatenate([prefix, out], axis=1)
+    return concatenate([prefix, out], 1)
 
 
 def _shift_rows(x, offset):

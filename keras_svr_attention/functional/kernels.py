@@ -8,6 +8,8 @@ from keras import ops
 
 from keras_svr_attention.functional import masks as masks_lib
 from keras_svr_attention.functional._tensors import accumulation_dtype
+from keras_svr_attention.functional._tensors import concatenate
+from keras_svr_attention.functional._tensors import positions
 from keras_svr_attention.functional._tensors import shape_of
 from keras_svr_attention.functional._tensors import zero_pad
 
@@ -60,9 +62,11 @@ def softmax_attention(
 
     where m is `mask` (finished by `visibility.plan_head_groups`) and,
     with `is_causal`, j <= i. This is the one place that decides the
-    causal path: causality alone on a fused kernel becomes its
-    `is_causal=True` (MultiHeadAttention's causal fast path, no mask
-    built); otherwise the causal mask is built and merged here. The fused
+    causal path: causality alone on a fused kernel at known sizes becomes
+    its `is_causal=True` (MultiHeadAttention's causal fast path, no mask
+    built); otherwise, and at symbolic sizes (an exporter's trace, where
+    jax2onnx refuses `is_causal`), the causal mask is built and merged
+    here. The fused
     `keras.ops.dot_product_attention` runs on JAX and torch when neither
     `dropout` nor the scores are needed (`fuses`); otherwise logits and
     softmax are computed in float32.
@@ -97,8 +101,10 @@ def softmax_attention(
     fused = fused and not soft_cap and sinks is None and bias is None
     if mask is not None and len(mask.shape) == 3:
         mask = mask[:, None]  # (B, T, S): one mask for every head
-    if is_causal and not (fused and mask is None):
-        causal = masks_lib.causal_mask(shape_of(query)[1], shape_of(key)[1])
+    sizes = (shape_of(query)[1], shape_of(key)[1])
+    known = all(isinstance(size, int) for size in sizes)
+    if is_causal and not (fused and mask is None and known):
+        causal = masks_lib.causal_mask(*sizes)
         mask, is_causal = masks_lib.merge_masks(mask, causal[:, None]), False
     rows = None if mask is None else ops.any(mask, axis=-1, keepdims=True)
     if rows is not None:
@@ -125,7 +131,7 @@ def softmax_attention(
             logits = ops.where(mask, logits, ops.convert_to_tensor(neg, dtype))
         if sinks is not None:  # one more logit in the row's denominator
             sinks = ops.zeros_like(logits[..., :1]) + ops.cast(sinks, dtype)
-            logits = ops.concatenate([logits, sinks], axis=-1)
+            logits = concatenate([logits, sinks], -1)
         weights = ops.softmax(logits, axis=-1)[..., : shape_of(key)[1]]
         if rows is not None:
             weights = ops.where(rows, weights, 0.0)
@@ -214,7 +220,7 @@ def linear_attention(
     else:
         weights = ops.einsum("btnd,bsnd->bnts", phi_q, phi_k)
         if causal is not None:
-            cols = ops.arange(shape_of(key)[1], dtype="int32")
+            cols = positions(shape_of(key)[1])
             lengths = ops.convert_to_tensor(causal.lengths)
             visible = cols[None, None, None, :] < lengths[:, None, :, None]
             weights = ops.where(visible, weights, 0.0)
@@ -280,9 +286,14 @@ def causal_linear_attention(phi_q, phi_k, value, state=None, chunk_size=64):
     chunks = (length + size - 1) // size
     dims = {"k": dim, "v": value.shape[-1]}
 
-    def split(x, last):
-        x = zero_pad(x, 1, after=chunks * size - length)
-        return ops.reshape(x, (batch, chunks, size, heads, dims[last]))
+    def split(x, last):  # (B, T, ...) -> (B, T / C, C, ...), zero-padded
+        if isinstance(length, int):
+            x = zero_pad(x, 1, after=chunks * size - length)
+            return ops.reshape(x, (batch, chunks, size, heads, dims[last]))
+        # Symbolic T: entry j of every chunk, a strided slice of T / C
+        # entries for each j (no padding of a computed size; jax2onnx).
+        x = zero_pad(x, 1, after=size - 1)
+        return ops.stack([x[:, j : length + j : size] for j in range(size)], 2)
 
     q, k, v = split(phi_q, "k"), split(phi_k, "k"), split(value, "v")
     inside = ops.einsum("bcind,bcjnd->bcnij", q, k)
@@ -302,6 +313,6 @@ def causal_linear_attention(phi_q, phi_k, value, state=None, chunk_size=64):
     num = num + ops.einsum("bcind,bcnde->bcine", q, before_kv)
     den = ops.transpose(ops.sum(inside, axis=-1), (0, 1, 3, 2))
     den = den + ops.einsum("bcind,bcnd->bcin", q, before_z)
-    num = ops.reshape(num, (batch, chunks * size, heads, dims["v"]))
-    den = ops.reshape(den, (batch, chunks * size, heads))
+    num = ops.reshape(num, (batch, -1, heads, dims["v"]))
+    den = ops.reshape(den, (batch, -1, heads))
     return num[:, :length], den[:, :length], final

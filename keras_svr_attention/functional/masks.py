@@ -7,6 +7,9 @@ shape that broadcasts to `(B, T, S)`: `(B, 1, S)` for key padding,
 
 from keras import ops
 
+from keras_svr_attention.functional._tensors import floor_mod
+from keras_svr_attention.functional._tensors import positions
+
 
 def merge_masks(*masks):
     """Logical AND of the masks that are not `None`; `None` if all are."""
@@ -25,7 +28,7 @@ def query_positions(num_queries, offset=0):
     `offset` (an int or int tensor) places query 0 at key position
     `offset`, as in cached decoding.
     """
-    rows = ops.arange(num_queries, dtype="int32")
+    rows = positions(num_queries)
     if not isinstance(offset, int) or offset:
         rows = rows + ops.cast(offset, "int32")
     return rows
@@ -33,7 +36,7 @@ def query_positions(num_queries, offset=0):
 
 def _positions(num_queries, num_keys, offset=0):
     rows = ops.reshape(query_positions(num_queries, offset), (1, -1, 1))
-    cols = ops.reshape(ops.arange(num_keys, dtype="int32"), (1, 1, -1))
+    cols = ops.reshape(positions(num_keys), (1, 1, -1))
     return rows, cols
 
 
@@ -49,7 +52,7 @@ def causal_mask(num_queries, num_keys, offset=0):
         (1, 3, 4)
     """
     rows = query_positions(num_queries, offset)[None, :, None]
-    return rows >= ops.arange(num_keys, dtype="int32")[None, None, :]
+    return rows >= positions(num_keys)[None, None, :]
 
 
 def local_window_mask(num_queries, num_keys, window, offset=0):
@@ -74,7 +77,7 @@ def strided_mask(num_queries, num_keys, stride, offset=0):
     rows, cols = _positions(num_queries, num_keys, offset)
     return ops.logical_or(
         ops.less(ops.abs(rows - cols), stride),
-        ops.equal((rows - cols) % stride, 0),
+        ops.equal(floor_mod(rows - cols, stride), 0),
     )
 
 
@@ -86,8 +89,10 @@ def fixed_mask(num_queries, num_keys, block, num_summary=1, offset=0):
     columns every query attends to).
     """
     rows, cols = _positions(num_queries, num_keys, offset)
-    same_block = ops.equal(rows // block, cols // block)
-    summary = ops.greater_equal(cols % block, block - num_summary)
+    same_block = ops.equal(
+        ops.floor_divide(rows, block), ops.floor_divide(cols, block)
+    )
+    summary = ops.greater_equal(floor_mod(cols, block), block - num_summary)
     return ops.logical_or(same_block, summary)
 
 

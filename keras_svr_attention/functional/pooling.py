@@ -17,6 +17,8 @@ sums and counts are accumulated in float32.
 from keras import ops
 
 from keras_svr_attention.functional._tensors import accumulation_dtype
+from keras_svr_attention.functional._tensors import concatenate
+from keras_svr_attention.functional._tensors import positions
 from keras_svr_attention.functional._tensors import shape_of
 from keras_svr_attention.functional._tensors import zero_pad
 
@@ -32,26 +34,23 @@ def window_sum(x, factor, num_prefix_tokens=0, axis=1):
 
     `(..., S, ...)` -> `(..., p + ceil((S - p) / r), ...)`: window w sums
     entries p + w r ... p + (w + 1) r - 1, the last window zero-padded.
-    Works on an unknown (symbolic) S: the sum of r strided slices, with no
-    reshape into windows (an exporter tracing a length whose window count
-    is 1 would fix that count for good).
+    Works on an unknown (symbolic) S: the sum of r strided slices of the
+    sequence zero-padded by r - 1, slice j taking entries j, j + r, ...
+    below S + j, so every slice has ceil((S - p) / r) entries by the same
+    expression (no reshape into windows: an exporter tracing a length whose
+    window count is 1 would fix that count for good; no padding of a
+    computed size, which jax2onnx cannot place).
     """
     p = num_prefix_tokens
     x = ops.moveaxis(x, axis, 1) if axis != 1 else x
     prefix, rest = x[:, :p], x[:, p:]
     if factor > 1:
         length = shape_of(rest)[1]
-        windows = (length + factor - 1) // factor
-        # Zero-padded to (W + 1) r entries, known or symbolic (no Python
-        # branch on a symbolic length); one window more than needed, so the
-        # padding is never empty or of size 1, sizes torch.export would fix.
-        rest = zero_pad(rest, 1, after=(windows + 1) * factor - length)
-        strided = [rest[:, j::factor] for j in range(factor)]
-        rest = strided[0]
-        for part in strided[1:]:
-            rest = rest + part
-        rest = rest[:, :windows]
-    out = ops.concatenate([prefix, rest], axis=1)
+        padded = zero_pad(rest, 1, after=factor - 1)
+        rest = padded[:, 0:length:factor]
+        for j in range(1, factor):
+            rest = rest + padded[:, j : length + j : factor]
+    out = concatenate([prefix, rest], 1)
     return ops.moveaxis(out, 1, axis) if axis != 1 else out
 
 
@@ -140,7 +139,7 @@ def window_ends(num_keys, factor, num_prefix_tokens=0):
         [0, 2, 4, 6]
     """
     p = num_prefix_tokens
-    pooled = ops.arange(pooled_length(num_keys, factor, p), dtype="int32")
+    pooled = positions(pooled_length(num_keys, factor, p))
     return ops.where(pooled < p, pooled, p + (pooled - p + 1) * factor - 1)
 
 
@@ -178,4 +177,4 @@ def repeat_windows(x, factor, num_prefix_tokens, length):
     """
     p = num_prefix_tokens
     rest = ops.repeat(x[..., p:], factor, axis=-1)[..., : length - p]
-    return ops.concatenate([x[..., :p], rest], axis=-1)
+    return concatenate([x[..., :p], rest], -1)

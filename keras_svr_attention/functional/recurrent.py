@@ -32,6 +32,8 @@ from keras import ops
 from keras_svr_attention.functional import kernels
 from keras_svr_attention.functional import statistics
 from keras_svr_attention.functional import visibility
+from keras_svr_attention.functional._tensors import concatenate
+from keras_svr_attention.functional._tensors import positions
 from keras_svr_attention.functional._tensors import shape_of
 from keras_svr_attention.functional._tensors import zero_pad
 
@@ -103,7 +105,7 @@ def linear_recurrence(
     taken = length
     if limit is not None:
         taken = ops.clip(ops.cast(limit, "int32") - start[0], 0, length)
-        kept = ops.arange(length, dtype="int32")[None] < taken
+        kept = positions(length)[None] < taken
         valid = kept if valid is None else ops.logical_and(valid, kept)
     groups = {}
     for head, factor in enumerate(options.head_factors):
@@ -128,7 +130,7 @@ def linear_recurrence(
     inverse = [order.index(h) for h in range(num_heads)]
 
     def merge(parts, axis):
-        x = parts[0] if len(parts) == 1 else ops.concatenate(parts, axis)
+        x = parts[0] if len(parts) == 1 else concatenate(parts, axis)
         return visibility.select_heads(x, inverse, num_heads, axis)
 
     new_state = {
@@ -206,7 +208,7 @@ def lay_new_tokens(key, value, valid, state, factor, num_prefix_tokens, span):
         weights = ops.cast(valid, "float32")
     if factor == 1:
         return key, value, weights, {}
-    local = ops.arange(length, dtype="int32")
+    local = positions(length)
     rel = start + local - num_prefix_tokens  # (T,) position - p
     prefix = rel < 0
     into = ops.where(prefix, 0, rel % factor)  # place inside its window
@@ -279,7 +281,7 @@ def pack_state(state):
         while len(tensor.shape) < 3:
             tensor = tensor[..., None]
         rows.append(ops.broadcast_to(tensor[:, None], (batch, 1, heads, dim)))
-    packed = ops.concatenate(rows, axis=1)
+    packed = concatenate(rows, 1)
     count = packed.shape[1]
     packed = zero_pad(packed, 1, after=count % 2)
     return ops.reshape(packed, (batch, 2, (count + 1) // 2, heads, dim))

@@ -37,7 +37,10 @@ from keras import ops
 from keras_svr_attention.functional import masks as masks_lib
 from keras_svr_attention.functional import pooling
 from keras_svr_attention.functional._tensors import align_prefix
+from keras_svr_attention.functional._tensors import concatenate
+from keras_svr_attention.functional._tensors import floor_mod
 from keras_svr_attention.functional._tensors import gather_prefix
+from keras_svr_attention.functional._tensors import positions
 from keras_svr_attention.functional._tensors import shape_of
 from keras_svr_attention.functional._tensors import size_tensor
 from keras_svr_attention.functional._tensors import zero_pad
@@ -75,10 +78,10 @@ class CausalPrefix(NamedTuple):
         rest = keys[:, p:]
         if r > 1:
             rest = ops.repeat(rest, r, axis=1)
-            ends = ops.arange(shape_of(rest)[1], dtype="int32") % r == r - 1
+            ends = floor_mod(positions(shape_of(rest)[1]), r) == r - 1
             ends = ops.reshape(ends, (1, -1) + (1,) * (len(keys.shape) - 2))
             rest = ops.where(ends, rest, ops.zeros_like(rest))
-        laid = ops.concatenate([keys[:, :p], rest], axis=1) if p else rest
+        laid = concatenate([keys[:, :p], rest], 1) if p else rest
         length = shape_of(laid)[1]
         if isinstance(length, int) and isinstance(num_queries, int):
             more = max(num_queries - length, 0)
@@ -200,7 +203,7 @@ def select_heads(x, heads, num_heads, axis):
             index[axis] = slice(heads[start], heads[i - 1] + 1)
             runs.append(x[tuple(index)])
             start = i
-    return runs[0] if len(runs) == 1 else ops.concatenate(runs, axis=axis)
+    return runs[0] if len(runs) == 1 else concatenate(runs, axis)
 
 
 def plan_head_groups(
@@ -372,7 +375,7 @@ def _plan_linear(
         if causal:
             # Pooled keys whose full span ends at or before the query.
             seen = ops.minimum(rows + 1, p) + (
-                ops.maximum(rows + 1 - p, 0) // factor
+                ops.floor_divide(ops.maximum(rows + 1 - p, 0), factor)
             )
             total = pooling.pooled_length(num_keys, factor, p)
             lengths = ops.minimum(seen, size_tensor(total))

@@ -7,6 +7,7 @@ from keras import ops
 from keras_svr_attention.api_export import svr_export
 from keras_svr_attention.functional import conv
 from keras_svr_attention.functional import recurrent
+from keras_svr_attention.functional._tensors import positions
 from keras_svr_attention.functional._tensors import shape_of
 from keras_svr_attention.layers import _common as common
 from keras_svr_attention.layers import _validation as check
@@ -548,9 +549,8 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
         value = ops.slice_update(value_cache, start, self._value_dense(value))
         cache = ops.stack((key, value), axis=1)
         batch, num_keys = shape_of(key)[:2]
-        positions = ops.arange(num_keys, dtype="int32")[None]
         first = ops.cast(index, "int32")  # position of the first new token
-        pending = positions >= first + num_new
+        pending = positions(num_keys)[None] >= first + num_new
         if key_padding is not None:
             slots = ops.ones((batch, num_keys), "int32")
             key_padding = ops.slice_update(

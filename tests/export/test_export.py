@@ -6,8 +6,9 @@ A model on `keras.Input((None, F))` per (format, mode, mask kind): one
 attention layer with no mask, a causal mask, or right padding through a
 `Masking` layer. `keras.layers.MultiHeadAttention` in the same place is the
 control: a cell where Keras cannot export it either is an expected failure
-of the control (strict: it turns into a failure when Keras fixes it), and
-our modes' known gaps are listed with their reasons, strict too.
+of the control (strict: it turns into a failure when Keras fixes it).
+Our modes have no such list: every cell serves, causal on JAX to ONNX
+too, where MultiHeadAttention's fused causal kernel is refused.
 
 Then KerasHub backbones (GPT-2, BERT, Llama) converted to BN+SH, exported
 where KerasHub's own model exports. The exporters' runtimes and KerasHub
@@ -37,8 +38,14 @@ MODES = {
     "bn": {"beta": 0.8},
     "sh": {"head_factors": [1, 2, 3, 2]},
     "bn+sh": {"beta": 1.0, "head_factors": [2, 1, 1, 4]},
-    "linear": {"kernel": "linear"},
-    "linear+bn+sh": {"kernel": "linear", "beta": 1.0, "head_factors": [1, 2]},
+    # Chunks of 4: the causal recurrence runs over several at length 11.
+    "linear": {"kernel": "linear", "chunk_size": 4},
+    "linear+bn+sh": {
+        "kernel": "linear",
+        "beta": 1.0,
+        "head_factors": [1, 2],
+        "chunk_size": 4,
+    },
     "sparse": {"sparsity": "strided", "block_size": 3},
     "conv": {"conv_kernel_size": 3, "beta": 0.5},
     "gqa+bn+sh": {"beta": 1.0, "head_factors": [2, 1, 1, 4]},
@@ -62,30 +69,14 @@ FILES = {
     "torch": "model.pt2",
 }
 
-JAX_CAUSAL = "jax2onnx refuses the fused causal kernel on dynamic shapes"
-# (format, mode or "*", mask or "*") on this backend -> why it fails.
+# (format, mode, mask) on this backend -> why Keras's own export fails.
 KNOWN = {
     "jax": {
-        ("onnx", "mha", "causal"): JAX_CAUSAL,
-        ("onnx", "softmax", "causal"): JAX_CAUSAL + " (our fused path)",
+        ("onnx", "mha", "causal"): "jax2onnx refuses the fused causal "
+        "kernel on dynamic shapes",
         ("onnx", "mha", "padding"): "Keras's own export serves wrong numbers",
-        **{
-            ("onnx", mode, mask): "jax2onnx: symbolic window and position "
-            "arithmetic (broadcasts of floordiv sizes) is not proven equal"
-            for mode in MODES
-            if mode not in ("mha", "softmax", "bn")
-            for mask in MASKS
-        },
-        ("onnx", "bn", "causal"): "jax2onnx: symbolic causal statistics",
     },
 }.get(BACKEND, {})
-
-
-def _known(fmt, mode, mask):
-    for key in ((fmt, mode, mask), (fmt, mode, "*")):
-        if key in KNOWN:
-            return KNOWN[key]
-    return None
 
 
 def _layer(mode):
@@ -179,7 +170,7 @@ def test_exported_model_serves_what_predict_computes(
         pytest.importorskip("jax2onnx")
     if fmt == "onnx" and BACKEND == "tensorflow":
         pytest.importorskip("tf2onnx")
-    reason = _known(fmt, mode, mask)
+    reason = KNOWN.get((fmt, mode, mask))
     if reason:
         request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
     model = _model(mode, mask)
