@@ -290,19 +290,24 @@ def causal_linear_attention(phi_q, phi_k, value, state=None, chunk_size=64):
         if isinstance(length, int):
             x = zero_pad(x, 1, after=chunks * size - length)
             return ops.reshape(x, (batch, chunks, size, heads, dims[last]))
-        # Symbolic T: entry j of every chunk, a strided slice of T / C
-        # entries for each j (no padding of a computed size; jax2onnx).
-        x = zero_pad(x, 1, after=size - 1)
-        return ops.stack([x[:, j : length + j : size] for j in range(size)], 2)
+        # Symbolic T: entry j of every chunk, a strided slice for each j
+        # (no padding of a computed size, which jax2onnx cannot place),
+        # and one zero chunk more, so that the chunk count is never 1
+        # (torch.export would fix a count that is 1 at the trace, or guard
+        # against it).
+        x = zero_pad(x, 1, after=2 * size - 1)
+        stop = length + size
+        return ops.stack([x[:, j : stop + j : size] for j in range(size)], 2)
 
     q, k, v = split(phi_q, "k"), split(phi_k, "k"), split(value, "v")
     inside = ops.einsum("bcind,bcjnd->bcnij", q, k)
     inside = inside * ops.tril(ops.ones((size, size), inside.dtype))
-    kv = ops.cumsum(ops.einsum("bcjnd,bcjne->bcnde", k, v), axis=1)
-    z = ops.cumsum(ops.sum(k, axis=2), axis=1)  # (B, C', N, D)
-    # The state before each chunk: earlier chunks' sums, plus the state.
-    before_kv = zero_pad(kv[:, :-1], 1, before=1)
-    before_z = zero_pad(z[:, :-1], 1, before=1)
+    own_kv = ops.einsum("bcjnd,bcjne->bcnde", k, v)
+    own_z = ops.sum(k, axis=2)  # (B, C', N, D)
+    kv, z = ops.cumsum(own_kv, axis=1), ops.cumsum(own_z, axis=1)
+    # The state before each chunk: earlier chunks' sums (no slice of
+    # C' - 1 chunks, a size torch.export would guard), plus the state.
+    before_kv, before_z = kv - own_kv, z - own_z
     final = (kv[:, -1], z[:, -1])
     if state is not None:
         state = [ops.cast(s, kv.dtype) for s in state]
