@@ -27,19 +27,26 @@ def size_tensor(size):
     return ops.sum(ops.ones((size,), "int32"))
 
 
-def positions(size):
-    """`(size,)` int32: 0 .. size - 1, for an int or a symbolic size.
+def positions(size, offset=0):
+    """`(size,)` int32: offset + 0 .. size - 1, for an int or a symbolic
+    size.
 
-    `ops.arange` of a known size; the running sum of ones less one for a
-    symbolic size (JAX's `arange` refuses a symbolic stop when Keras passes
-    it a step, as it always does).
+    `offset` (an int or int tensor) places entry 0 at `offset`: the key
+    positions of queries in cached decoding. `ops.arange` at a known size,
+    the running sum of ones less one at a symbolic size (JAX's `arange`
+    refuses a symbolic stop when Keras passes it a step, as it always
+    does).
 
-    >>> ops.convert_to_numpy(positions(4)).tolist()
-    [0, 1, 2, 3]
+    >>> ops.convert_to_numpy(positions(4, offset=2)).tolist()
+    [2, 3, 4, 5]
     """
     if isinstance(size, int):
-        return ops.arange(size, dtype="int32")
-    return ops.cumsum(ops.ones((size,), "int32")) - 1
+        out = ops.arange(size, dtype="int32")
+    else:
+        out = ops.cumsum(ops.ones((size,), "int32")) - 1
+    if not isinstance(offset, int) or offset:
+        out = out + ops.cast(offset, "int32")
+    return out
 
 
 def floor_mod(x, divisor):
@@ -55,11 +62,12 @@ def floor_mod(x, divisor):
 
 
 def concatenate(parts, axis):
-    """`ops.concatenate(parts, axis)`, joined two at a time by `ops.append`.
+    """`ops.concatenate(parts, axis)` along the sequence axis, joined two at
+    a time by `ops.append`.
 
     jax2onnx (0.17) gives `jnp.concatenate`'s result the first part's size
     along a symbolic axis; `jnp.append` keeps the sum. Same result on every
-    backend.
+    backend. Static axes (heads) keep `ops.concatenate`.
     """
     out = parts[0]
     for part in parts[1:]:
@@ -80,14 +88,13 @@ def zero_pad(x, axis, before=0, after=0):
     (2, 6, 4)
     """
     shape = shape_of(x)
-    before, after = (
-        None
-        if isinstance(size, int) and size == 0
-        else ops.zeros((*shape[:axis], size, *shape[axis + 1 :]), x.dtype)
-        for size in (before, after)
-    )
-    parts = [t for t in (before, x, after) if t is not None]
-    return concatenate(parts, axis)
+    for size, at_end in ((before, False), (after, True)):
+        if isinstance(size, int) and size == 0:
+            continue
+        zeros = ops.zeros((*shape[:axis], size, *shape[axis + 1 :]), x.dtype)
+        # `ops.append`, not `ops.concatenate` (see `concatenate`).
+        x = ops.append(x, zeros, axis) if at_end else ops.append(zeros, x, axis)
+    return x
 
 
 def accumulation_dtype(dtype):

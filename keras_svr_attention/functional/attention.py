@@ -16,7 +16,6 @@ from keras_svr_attention.functional import kernels
 from keras_svr_attention.functional import pooling
 from keras_svr_attention.functional import statistics
 from keras_svr_attention.functional import visibility
-from keras_svr_attention.functional._tensors import concatenate
 from keras_svr_attention.functional._tensors import shape_of
 
 
@@ -62,9 +61,9 @@ def svr_attention(
             )
         if group.query_valid is not None:
             valid = group.query_valid
-            out = ops.where(valid[:, :, None, None], out, 0.0)
+            out = ops.where(ops.expand_dims(valid, (2, 3)), out, 0.0)
             if score is not None:
-                score = ops.where(valid[:, None, :, None], score, 0.0)
+                score = ops.where(ops.expand_dims(valid, (1, 3)), score, 0.0)
         outputs.append(out)
         scores.append(score)
         order += list(group.heads)
@@ -73,7 +72,7 @@ def svr_attention(
     merged = []
     pairs = [(outputs, 2), (scores, 1)] if return_scores else [(outputs, 2)]
     for parts, axis in pairs:
-        tensor = parts[0] if len(parts) == 1 else concatenate(parts, axis)
+        tensor = parts[0] if len(parts) == 1 else ops.concatenate(parts, axis)
         merged.append(visibility.select_heads(tensor, inverse, num_heads, axis))
     return merged[0], (merged[1] if return_scores else None)
 
@@ -131,7 +130,7 @@ def group_key_bias(key_bias, group):
             group.valid, group.window_counts,
         )  # fmt: skip
         bias = ops.moveaxis(bias, 2, 1)
-    return bias[:, :, None, :]
+    return ops.expand_dims(bias, 2)
 
 
 def softmax_group(
@@ -184,7 +183,9 @@ def softmax_group(
         if sinks is not None:
             query, offset = query
             scale = query.shape[-1] ** -0.5 if scale is None else scale
-            offset = ops.transpose(offset, (0, 2, 1))[..., None] * scale
+            offset = (
+                ops.expand_dims(ops.transpose(offset, (0, 2, 1)), -1) * scale
+            )
             sinks = sinks + offset
     out, scores = kernels.softmax_attention(
         query, key, value, mask, is_causal, scale, dropout, return_scores,

@@ -101,15 +101,13 @@ def softmax_attention(
     fused = fused and not soft_cap and sinks is None and bias is None
     if mask is not None and len(mask.shape) == 3:
         mask = mask[:, None]  # (B, T, S): one mask for every head
-    sizes = (shape_of(query)[1], shape_of(key)[1])
-    known = all(isinstance(size, int) for size in sizes)
+    known = all(isinstance(x.shape[1], int) for x in (query, key))
     if is_causal and not (fused and mask is None and known):
-        causal = masks_lib.causal_mask(*sizes)
+        causal = masks_lib.causal_mask(shape_of(query)[1], shape_of(key)[1])
         mask, is_causal = masks_lib.merge_masks(mask, causal[:, None]), False
     rows = None if mask is None else ops.any(mask, axis=-1, keepdims=True)
     if rows is not None:
-        # rows (B|1, N|1, T|1, 1): a row that sees no key attends
-        # everywhere (finite on every backend) and is zeroed below.
+        # A row that sees no key attends everywhere (finite), zeroed below.
         mask = ops.logical_or(mask, ops.logical_not(rows))
     if fused:
         out = ops.dot_product_attention(
@@ -205,7 +203,7 @@ def linear_attention(
     phi_k = elu_feature_map(ops.cast(key, dtype))
     value = ops.cast(value, dtype)
     if key_weights is not None:
-        phi_k = phi_k * ops.cast(key_weights, dtype)[:, :, None, None]
+        phi_k = phi_k * ops.expand_dims(ops.cast(key_weights, dtype), (2, 3))
     weights = None
     if causal is None and not return_scores:
         kv = ops.einsum("bsnd,bsne->bnde", phi_k, value)
@@ -222,7 +220,9 @@ def linear_attention(
         if causal is not None:
             cols = positions(shape_of(key)[1])
             lengths = ops.convert_to_tensor(causal.lengths)
-            visible = cols[None, None, None, :] < lengths[:, None, :, None]
+            visible = ops.reshape(cols, (1, 1, 1, -1)) < ops.expand_dims(
+                lengths, (1, 3)
+            )
             weights = ops.where(visible, weights, 0.0)
         num = ops.einsum("bnts,bsne->btne", weights, value)
         den = ops.transpose(ops.sum(weights, axis=-1), (0, 2, 1))
@@ -230,7 +230,7 @@ def linear_attention(
     scores = None
     if return_scores:
         den = ops.transpose(ops.where(den > 0, den, 1.0), (0, 2, 1))
-        scores = ops.cast(weights / den[..., None], out_dtype)
+        scores = ops.cast(weights / ops.expand_dims(den, -1), out_dtype)
     return ops.cast(out, out_dtype), scores
 
 
@@ -245,10 +245,9 @@ def divide_rows(num, den):
     """
     seen = den > 0
     scale = ops.stop_gradient(1.0 / ops.where(seen, den, 1.0))
-    out = (num * scale[..., None]) / ops.where(seen, den * scale, 1.0)[
-        ..., None
-    ]
-    return ops.where(seen[..., None], out, 0.0)
+    num = num * ops.expand_dims(scale, -1)
+    den = ops.expand_dims(ops.where(seen, den * scale, 1.0), -1)
+    return ops.where(ops.expand_dims(seen, -1), num / den, 0.0)
 
 
 def causal_linear_attention(phi_q, phi_k, value, state=None, chunk_size=64):
@@ -292,22 +291,21 @@ def causal_linear_attention(phi_q, phi_k, value, state=None, chunk_size=64):
             return ops.reshape(x, (batch, chunks, size, heads, dims[last]))
         # Symbolic T: entry j of every chunk, a strided slice for each j
         # (no padding of a computed size, which jax2onnx cannot place),
-        # and one zero chunk more, so that the chunk count is never 1
-        # (torch.export would fix a count that is 1 at the trace, or guard
-        # against it).
-        x = zero_pad(x, 1, after=2 * size - 1)
-        stop = length + size
+        # and two zero chunks more, so that neither the chunk count nor
+        # the count of earlier chunks is ever 1 (torch.export would fix a
+        # size that is 1 at the trace, or guard against it).
+        x = zero_pad(x, 1, after=3 * size - 1)
+        stop = length + 2 * size
         return ops.stack([x[:, j : stop + j : size] for j in range(size)], 2)
 
     q, k, v = split(phi_q, "k"), split(phi_k, "k"), split(value, "v")
     inside = ops.einsum("bcind,bcjnd->bcnij", q, k)
     inside = inside * ops.tril(ops.ones((size, size), inside.dtype))
-    own_kv = ops.einsum("bcjnd,bcjne->bcnde", k, v)
-    own_z = ops.sum(k, axis=2)  # (B, C', N, D)
-    kv, z = ops.cumsum(own_kv, axis=1), ops.cumsum(own_z, axis=1)
-    # The state before each chunk: earlier chunks' sums (no slice of
-    # C' - 1 chunks, a size torch.export would guard), plus the state.
-    before_kv, before_z = kv - own_kv, z - own_z
+    kv = ops.cumsum(ops.einsum("bcjnd,bcjne->bcnde", k, v), axis=1)
+    z = ops.cumsum(ops.sum(k, axis=2), axis=1)  # (B, C', N, D)
+    # The state before each chunk: earlier chunks' sums, plus the state.
+    before_kv = zero_pad(kv[:, :-1], 1, before=1)
+    before_z = zero_pad(z[:, :-1], 1, before=1)
     final = (kv[:, -1], z[:, -1])
     if state is not None:
         state = [ops.cast(s, kv.dtype) for s in state]
@@ -317,7 +315,8 @@ def causal_linear_attention(phi_q, phi_k, value, state=None, chunk_size=64):
     num = ops.einsum("bcnij,bcjne->bcine", inside, v)
     num = num + ops.einsum("bcind,bcnde->bcine", q, before_kv)
     den = ops.transpose(ops.sum(inside, axis=-1), (0, 1, 3, 2))
-    den = den + ops.einsum("bcind,bcnd->bcin", q, before_z)
+    # sum_d q before_z, not an einsum: TFLite has no builtin for this one.
+    den = den + ops.sum(q * ops.expand_dims(before_z, 2), axis=-1)
     num = ops.reshape(num, (batch, -1, heads, dims["v"]))
     den = ops.reshape(den, (batch, -1, heads))
     return num[:, :length], den[:, :length], final

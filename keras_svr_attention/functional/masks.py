@@ -22,20 +22,8 @@ def merge_masks(*masks):
     return merged
 
 
-def query_positions(num_queries, offset=0):
-    """`(T,)` int32 positions of the queries: `offset + i`.
-
-    `offset` (an int or int tensor) places query 0 at key position
-    `offset`, as in cached decoding.
-    """
-    rows = positions(num_queries)
-    if not isinstance(offset, int) or offset:
-        rows = rows + ops.cast(offset, "int32")
-    return rows
-
-
 def _positions(num_queries, num_keys, offset=0):
-    rows = ops.reshape(query_positions(num_queries, offset), (1, -1, 1))
+    rows = ops.reshape(positions(num_queries, offset), (1, -1, 1))
     cols = ops.reshape(positions(num_keys), (1, 1, -1))
     return rows, cols
 
@@ -51,8 +39,8 @@ def causal_mask(num_queries, num_keys, offset=0):
         >>> tuple(causal_mask(3, 4).shape)
         (1, 3, 4)
     """
-    rows = query_positions(num_queries, offset)[None, :, None]
-    return rows >= positions(num_keys)[None, None, :]
+    rows = ops.reshape(positions(num_queries, offset), (1, -1, 1))
+    return rows >= ops.reshape(positions(num_keys), (1, 1, -1))
 
 
 def local_window_mask(num_queries, num_keys, window, offset=0):

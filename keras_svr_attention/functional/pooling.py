@@ -50,7 +50,7 @@ def window_sum(x, factor, num_prefix_tokens=0, axis=1):
         rest = padded[:, 0:length:factor]
         for j in range(1, factor):
             rest = rest + padded[:, j : length + j : factor]
-    out = concatenate([prefix, rest], 1)
+    out = concatenate([prefix, rest], 1) if p else rest
     return ops.moveaxis(out, 1, axis) if axis != 1 else out
 
 
@@ -119,7 +119,7 @@ def pool_mask(mask, valid, factor, num_prefix_tokens=0):
         `(B|1, N|1, T|1, S')` boolean.
     """
     dtype = "float32"
-    valid = ops.cast(valid, "bool")[:, None, None, :]
+    valid = ops.expand_dims(ops.cast(valid, "bool"), (1, 2))
     blocked = ops.cast(ops.logical_and(valid, ops.logical_not(mask)), dtype)
     num_blocked = window_sum(blocked, factor, num_prefix_tokens, axis=3)
     num_valid = window_sum(ops.cast(valid, dtype), factor, num_prefix_tokens, 3)
@@ -160,12 +160,12 @@ def spread_scores(scores, factor, num_prefix_tokens, counts, valid, length):
     """
     p = num_prefix_tokens
     dtype = accumulation_dtype(scores.dtype)
-    per_token = (
-        ops.cast(scores, dtype) / ops.maximum(counts, 1.0)[:, None, None, :]
+    per_token = ops.cast(scores, dtype) / ops.expand_dims(
+        ops.maximum(counts, 1.0), (1, 2)
     )
     out = repeat_windows(per_token, factor, p, length)
     if valid is not None:
-        out = out * ops.cast(valid, dtype)[:, None, None, :]
+        out = out * ops.expand_dims(ops.cast(valid, dtype), (1, 2))
     return ops.cast(out, scores.dtype)
 
 
@@ -177,4 +177,4 @@ def repeat_windows(x, factor, num_prefix_tokens, length):
     """
     p = num_prefix_tokens
     rest = ops.repeat(x[..., p:], factor, axis=-1)[..., : length - p]
-    return concatenate([x[..., :p], rest], -1)
+    return concatenate([x[..., :p], rest], -1) if p else rest

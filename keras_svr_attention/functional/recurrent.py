@@ -32,7 +32,6 @@ from keras import ops
 from keras_svr_attention.functional import kernels
 from keras_svr_attention.functional import statistics
 from keras_svr_attention.functional import visibility
-from keras_svr_attention.functional._tensors import concatenate
 from keras_svr_attention.functional._tensors import positions
 from keras_svr_attention.functional._tensors import shape_of
 from keras_svr_attention.functional._tensors import zero_pad
@@ -130,7 +129,7 @@ def linear_recurrence(
     inverse = [order.index(h) for h in range(num_heads)]
 
     def merge(parts, axis):
-        x = parts[0] if len(parts) == 1 else concatenate(parts, axis)
+        x = parts[0] if len(parts) == 1 else ops.concatenate(parts, axis)
         return visibility.select_heads(x, inverse, num_heads, axis)
 
     new_state = {
@@ -173,7 +172,7 @@ def _group_step(query, key, value, valid, state, factor, options, beta, span):
         )
     phi_q = kernels.elu_feature_map(ops.cast(query, "float32"))
     phi_k = kernels.elu_feature_map(ops.cast(laid_k, "float32"))
-    phi_k = phi_k * weights[:, :, None, None]
+    phi_k = phi_k * ops.expand_dims(weights, (2, 3))
     num, den, (kv, z) = kernels.causal_linear_attention(
         phi_q, phi_k, laid_v, (state["kv"], state["z"]), options.chunk_size
     )
@@ -219,8 +218,8 @@ def lay_new_tokens(key, value, valid, state, factor, num_prefix_tokens, span):
     sums = []
     for x, name in (
         (weights, "window_count"),
-        (key * weights[:, :, None, None], "window_keys"),
-        (value * weights[:, :, None, None], "window_values"),
+        (key * ops.expand_dims(weights, (2, 3)), "window_keys"),
+        (value * ops.expand_dims(weights, (2, 3)), "window_values"),
     ):
         total = zero_pad(ops.cumsum(x, axis=1), 1, before=1)
         window = total[:, 1:] - ops.take(total, index, axis=1)
@@ -231,7 +230,7 @@ def lay_new_tokens(key, value, valid, state, factor, num_prefix_tokens, span):
         window = window + ops.reshape(earlier, shape) * pending[:, None]
         sums.append(window)
     count, key_sum, value_sum = sums
-    divisor = ops.maximum(count, 1.0)[:, :, None, None]
+    divisor = ops.expand_dims(ops.maximum(count, 1.0), (2, 3))
     flags = (1, -1, 1, 1)
     laid_k = ops.where(ops.reshape(prefix, flags), key, key_sum / divisor)
     laid_v = ops.where(ops.reshape(prefix, flags), value, value_sum / divisor)
@@ -279,9 +278,9 @@ def pack_state(state):
             rows.append(ops.transpose(tensor, (0, 3, 1, 2)))
             continue
         while len(tensor.shape) < 3:
-            tensor = tensor[..., None]
+            tensor = ops.expand_dims(tensor, -1)
         rows.append(ops.broadcast_to(tensor[:, None], (batch, 1, heads, dim)))
-    packed = concatenate(rows, 1)
+    packed = ops.concatenate(rows, axis=1)
     count = packed.shape[1]
     packed = zero_pad(packed, 1, after=count % 2)
     return ops.reshape(packed, (batch, 2, (count + 1) // 2, heads, dim))

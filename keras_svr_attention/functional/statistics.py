@@ -52,8 +52,8 @@ def running_moments(keys, weights=None, with_variance=False, initial=None):
         feats["key_square"] = ops.square(keys) * weights
     sums = {name: ops.cumsum(f, axis=1) for name, f in feats.items()}
     if initial is not None:
-        sums["key_count"] = (
-            sums["key_count"] + initial["key_count"][:, None, :, None]
+        sums["key_count"] = sums["key_count"] + ops.expand_dims(
+            initial["key_count"], (1, 3)
         )
         for name in ("key_sum", "key_square"):
             if name in sums:
@@ -115,7 +115,9 @@ def key_moments(keys, mask=None, with_variance=False):
             ops.cast(mask, dtype),
             (shape[0], shape[2], mask_shape[2], shape[1]),
         )
-        count = ops.transpose(ops.sum(weights, axis=-1), (0, 2, 1))[..., None]
+        count = ops.expand_dims(
+            ops.transpose(ops.sum(weights, axis=-1), (0, 2, 1)), -1
+        )
         sums = [ops.einsum("bnts,bsnd->btnd", weights, f) for f in feats]
     seen = count > 0
     count = ops.maximum(count, 1.0)
@@ -208,7 +210,9 @@ def recenter_linear(query, key, beta, options, key_weights=None, causal=None):
     if causal is None:
         moments = key_moments(
             key,
-            None if key_weights is None else key_weights[:, None, None, :],
+            None
+            if key_weights is None
+            else ops.expand_dims(key_weights, (1, 2)),
             with_variance=options.standardize,
         )
         key_moments_ = query_moments = (

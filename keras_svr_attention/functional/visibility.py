@@ -203,7 +203,7 @@ def select_heads(x, heads, num_heads, axis):
             index[axis] = slice(heads[start], heads[i - 1] + 1)
             runs.append(x[tuple(index)])
             start = i
-    return runs[0] if len(runs) == 1 else concatenate(runs, axis)
+    return runs[0] if len(runs) == 1 else ops.concatenate(runs, axis=axis)
 
 
 def plan_head_groups(
@@ -260,8 +260,8 @@ def plan_head_groups(
             attention_mask, causal, offset,
         )  # fmt: skip
     counted = masks_lib.merge_masks(
-        None if query_mask is None else query_mask[:, None, :, None],
-        None if key_padding is None else key_padding[:, None, None, :],
+        None if query_mask is None else ops.expand_dims(query_mask, (1, 3)),
+        None if key_padding is None else ops.expand_dims(key_padding, (1, 2)),
         attention_mask,
         _pattern(options, num_queries, num_keys, offset)
         if options.sparsity
@@ -336,7 +336,7 @@ def _plan_pooled(factor, heads, p, masks, shapes, causality):
         pooled_mask = pooling.pool_mask(mask, valid, factor, p)
     counts = pooling.window_counts(valid, factor, p, num_keys)
     if causal:
-        rows = masks_lib.query_positions(num_queries, offset)
+        rows = positions(num_queries, offset)
         ends = pooling.window_ends(num_keys, factor, p)
         pooled_mask = masks_lib.merge_masks(
             pooled_mask, (ends[None, :] <= rows[:, None])[None, None]
@@ -362,7 +362,7 @@ def _plan_linear(
         key_padding = masks_lib.merge_masks(
             key_padding, attention_mask[:, 0, 0, :]
         )
-    rows = masks_lib.query_positions(num_queries, offset)[None]
+    rows = positions(num_queries, offset)[None]
     at_zero = isinstance(offset, int) and offset == 0
     query_valid = None if query_mask is None else ops.cast(query_mask, "bool")
     plan = []

@@ -109,7 +109,7 @@ class SVRLayer:
             limit,
         )  # fmt: skip
         if query_mask is not None:
-            valid = ops.cast(query_mask, "bool")[:, :, None, None]
+            valid = ops.expand_dims(ops.cast(query_mask, "bool"), (2, 3))
             output = ops.where(valid, output, ops.zeros_like(output))
         return output, state
 
