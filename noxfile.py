@@ -126,7 +126,7 @@ def tests(session, backend):
 # What converts to ONNX on each backend (torch's exporter is its own), and
 # TensorFlow beside JAX for the SavedModel (jax2tf).
 EXPORTERS = {
-    "tensorflow": ["tf2onnx"],
+    "tensorflow": ["tf2onnx", "ai-edge-litert"],
     "jax": ["jax2onnx", "tensorflow-cpu"],
     "torch": [],
 }

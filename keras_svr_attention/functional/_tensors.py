@@ -144,7 +144,7 @@ def align_prefix(prefix, factor, num_prefix_tokens, num_queries):
         num_queries: T, an int or a symbolic size.
     """
     p = num_prefix_tokens
-    parts = [prefix[:, :p]]
+    parts = [prefix[:, :p]] if p else []  # no empty part (LiteRT)
     if factor > 1:
         before = prefix[:, p - 1 : p] if p else ops.zeros_like(prefix[:, :1])
         parts += [before] * (factor - 1)

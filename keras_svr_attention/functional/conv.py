@@ -51,7 +51,7 @@ def conv_sequence(x, kernel, causal=False, num_prefix_tokens=0):
     prefix, rest = x[:, :p], x[:, p:]
     taps = size // 2 + 1 if causal else None
     out = _shifted_sum(rest, kernel, 1, size, size // 2, taps)
-    return concatenate([prefix, out], 1)
+    return concatenate([prefix, out], 1) if p else out
 
 
 def conv_grid(x, kernel, grid_shape, num_prefix_tokens=0):
@@ -83,7 +83,7 @@ def conv_grid(x, kernel, grid_shape, num_prefix_tokens=0):
         # Row u of the kernel acts on grid rows shifted by u - s // 2.
         out = out + _shift_rows(rows[u], u - size // 2)
     out = ops.reshape(out, (shape[0], height * width, *shape[2:]))
-    return concatenate([prefix, out], 1)
+    return concatenate([prefix, out], 1) if p else out
 
 
 def _shift_rows(x, offset):
