@@ -66,10 +66,9 @@ def softmax_attention(
     its `is_causal=True` (MultiHeadAttention's causal fast path, no mask
     built); otherwise, and at symbolic sizes (an exporter's trace, where
     jax2onnx refuses `is_causal`), the causal mask is built and merged
-    here. The fused
-    `keras.ops.dot_product_attention` runs on JAX and torch when neither
-    `dropout` nor the scores are needed (`fuses`); otherwise logits and
-    softmax are computed in float32.
+    here. The fused `keras.ops.dot_product_attention` runs on JAX and
+    torch when neither `dropout` nor the scores are needed (`fuses`);
+    otherwise logits and softmax are computed in float32.
 
     Args:
         query: `(B, T, N, D)`.

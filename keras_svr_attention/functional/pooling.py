@@ -35,9 +35,9 @@ def window_sum(x, factor, num_prefix_tokens=0, axis=1):
     `(..., S, ...)` -> `(..., p + ceil((S - p) / r), ...)`: window w sums
     entries p + w r ... p + (w + 1) r - 1, the last window zero-padded.
     Works on an unknown (symbolic) S: the sum of r strided slices of the
-    sequence zero-padded by r - 1, slice j taking entries j, j + r, ...
-    below S + j, so every slice has ceil((S - p) / r) entries by the same
-    expression (no reshape into windows: an exporter tracing a length whose
+    S - p entries after the prefix, zero-padded by r - 1, slice j taking
+    entries j, j + r, ... below S - p + j, so every slice has
+    ceil((S - p) / r) entries by the same expression (no reshape into windows: an exporter tracing a length whose
     window count is 1 would fix that count for good; no padding of a
     computed size, which jax2onnx cannot place).
     """

@@ -32,8 +32,10 @@ from tests.testing import svr_layer
 pytestmark = pytest.mark.export
 
 F = 6
-# Served at these (length, batch) pairs; Keras traces at length 1 or 2.
-SERVED = [(5, 2), (11, 3)]
+# Served at these (length, batch) pairs; Keras traces at length 1 or 2,
+# the torch format at 9. At 6, every SH head below still pools its keys
+# into 2 windows or more, as `.pt2` needs (docs: Serving).
+SERVED = [(6, 2), (11, 3)]
 MODES = {
     "mha": None,  # the control
     "softmax": {},
@@ -51,6 +53,12 @@ MODES = {
     "sparse": {"sparsity": "strided", "block_size": 3},
     "conv": {"conv_kernel_size": 3, "beta": 0.5},
     "gqa+bn+sh": {"beta": 1.0, "head_factors": [2, 1, 1, 4]},
+    # A CLS token: never pooled, seen by every query.
+    "bn+sh+cls": {
+        "beta": 1.0,
+        "head_factors": [2, 1, 1, 4],
+        "num_prefix_tokens": 1,
+    },
 }
 MASKS = ["none", "causal", "padding"]
 FORMATS = {
@@ -214,6 +222,20 @@ def test_exported_model_serves_what_predict_computes(
     path = os.path.join(tmp_path, FILES[fmt])
     _export(model, fmt, path)
     _check(model, serve(fmt, path))
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="torch's own format")
+def test_pt2_refuses_a_length_whose_sh_windows_pool_to_one_key(tmp_path):
+    """torch.export fixes a pooled length of 1 apart from longer ones: the
+    program traced at 9 refuses length 4 (factor 4: one window) with a
+    guard error instead of serving wrong numbers."""
+    model = _model("bn+sh", "none")
+    path = os.path.join(tmp_path, FILES["torch"])
+    _export(model, "torch", path)
+    served = serve("torch", path)
+    served(_inputs(6, 2))  # two windows or more: served
+    with pytest.raises((AssertionError, RuntimeError), match="[Gg]uard"):
+        served(_inputs(4, 2))
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="torch's ONNX in OpenVINO")
