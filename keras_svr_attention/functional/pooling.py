@@ -37,9 +37,10 @@ def window_sum(x, factor, num_prefix_tokens=0, axis=1):
     Works on an unknown (symbolic) S: the sum of r strided slices of the
     S - p entries after the prefix, zero-padded by r - 1, slice j taking
     entries j, j + r, ... below S - p + j, so every slice has
-    ceil((S - p) / r) entries by the same expression (no reshape into windows: an exporter tracing a length whose
-    window count is 1 would fix that count for good; no padding of a
-    computed size, which jax2onnx cannot place).
+    ceil((S - p) / r) entries by the same expression. No reshape into
+    windows (an exporter tracing a length whose window count is 1 would fix
+    that count for good), no padding of a computed size (which jax2onnx
+    cannot place).
     """
     p = num_prefix_tokens
     x = ops.moveaxis(x, axis, 1) if axis != 1 else x
