@@ -147,7 +147,8 @@ def align_prefix(prefix, factor, num_prefix_tokens, num_queries):
     parts = [prefix[:, :p]] if p else []  # no empty part (LiteRT)
     if factor > 1:
         before = prefix[:, p - 1 : p] if p else ops.zeros_like(prefix[:, :1])
-        parts += [before] * (factor - 1)
+        # One part, not r - 1: `concatenate` joins its parts one by one.
+        parts.append(ops.repeat(before, factor - 1, axis=1))
         parts.append(ops.repeat(prefix[:, p:], factor, axis=1))
     else:
         parts.append(prefix[:, p:])
