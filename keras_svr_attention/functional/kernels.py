@@ -6,6 +6,7 @@ Shape letters: B batch, T queries, S keys, N heads, D head dim.
 import keras
 from keras import ops
 
+from keras_svr_attention.functional import _exporters
 from keras_svr_attention.functional import masks as masks_lib
 from keras_svr_attention.functional._tensors import accumulation_dtype
 from keras_svr_attention.functional._tensors import concatenate
@@ -24,12 +25,13 @@ def fuses(query, value, dropout=None, return_scores=False):
     # compiles its gradient for a single head as slowly as for two
     # (benchmarks/speed.py: SH training 1.4-1.8x MultiHeadAttention), so
     # TensorFlow takes the explicit path for one-head groups; groups of
-    # several heads take MultiHeadAttention's own call (same program). On
-    # torch too: OpenVINO's TorchScript frontend converts the fused kernel
-    # on a one-head slice wrong (tests/export: SH served wrong numbers).
+    # several heads take MultiHeadAttention's own call (same program).
+    # JAX and torch fuse every group (tests/layers/test_fast_paths.py).
     fused = query.shape[-1] == value.shape[-1]
     fused = fused and keras.backend.standardize_dtype(query.dtype) != "float64"
-    fused = fused and (keras.config.backend() == "jax" or query.shape[2] != 1)
+    fused = fused and (
+        keras.config.backend() != "tensorflow" or query.shape[2] != 1
+    )
     return fused and dropout is None and not return_scores
 
 
@@ -109,37 +111,67 @@ def softmax_attention(
         # A row that sees no key attends everywhere (finite), zeroed below.
         mask = ops.logical_or(mask, ops.logical_not(rows))
     if fused:
-        out = ops.dot_product_attention(
+        if query.shape[2] == 1:  # for OpenVINO (`_exporters`)
+            query, scale = _exporters.fused_scale(query, scale)
+        out, scores = ops.dot_product_attention(
             query, key, value, mask=mask, scale=scale, is_causal=is_causal,
             flash_attention=flash_attention,
-        )  # fmt: skip
-        scores = None
+        ), None  # fmt: skip
     else:
-        dtype = accumulation_dtype(query.dtype)
-        logits = ops.einsum(
-            "btnd,bsnd->bnts", ops.cast(query, dtype), ops.cast(key, dtype)
-        )
-        logits = logits * ops.cast(scale, dtype)
-        if soft_cap:
-            logits = ops.tanh(logits / soft_cap) * soft_cap
-        logits = logits if bias is None else logits + ops.cast(bias, dtype)
-        if mask is not None:
-            neg = -1e30 if dtype == "float32" else -1e300
-            logits = ops.where(mask, logits, ops.convert_to_tensor(neg, dtype))
-        if sinks is not None:  # one more logit in the row's denominator
-            sinks = ops.zeros_like(logits[..., :1]) + ops.cast(sinks, dtype)
-            logits = concatenate([logits, sinks], -1)
-        weights = ops.softmax(logits, axis=-1)[..., : shape_of(key)[1]]
-        if rows is not None:
-            weights = ops.where(rows, weights, 0.0)
-        scores = ops.cast(weights, query.dtype) if return_scores else None
-        if dropout is not None:
-            weights = ops.cast(dropout(weights), dtype)
-        out = ops.einsum("bnts,bsnd->btnd", weights, ops.cast(value, dtype))
-        out = ops.cast(out, query.dtype)
+        out, scores = explicit_softmax_attention(
+            query, key, value, mask, rows, scale, dropout=dropout,
+            return_scores=return_scores, soft_cap=soft_cap, sinks=sinks,
+            bias=bias,
+        )  # fmt: skip
     if rows is not None:
         rows = ops.transpose(rows, (0, 2, 1, 3))  # (B|1, T|1, N|1, 1)
         out = ops.where(rows, out, ops.zeros_like(out))
+    return out, scores
+
+
+def explicit_softmax_attention(
+    query,
+    key,
+    value,
+    mask,
+    rows,
+    scale,
+    dropout=None,
+    return_scores=False,
+    soft_cap=None,
+    sinks=None,
+    bias=None,
+):
+    """The explicit path of `softmax_attention` (its equation), in
+    float32: logits, cap, bias, mask, sinks, softmax, dropout, values.
+
+    `mask` is finished (causality merged, blind rows opened) and `rows`
+    `(B|1, N|1, T|1, 1)`, or None, marks the rows that see a key: the
+    weights of the others are zeroed. Returns `(output (B, T, N, Dv) in
+    query.dtype, scores or None)`.
+    """
+    dtype = accumulation_dtype(query.dtype)
+    logits = ops.einsum(
+        "btnd,bsnd->bnts", ops.cast(query, dtype), ops.cast(key, dtype)
+    )
+    logits = logits * ops.cast(scale, dtype)
+    if soft_cap:
+        logits = ops.tanh(logits / soft_cap) * soft_cap
+    logits = logits if bias is None else logits + ops.cast(bias, dtype)
+    if mask is not None:
+        neg = -1e30 if dtype == "float32" else -1e300
+        logits = ops.where(mask, logits, ops.convert_to_tensor(neg, dtype))
+    if sinks is not None:  # one more logit in the row's denominator
+        sinks = ops.zeros_like(logits[..., :1]) + ops.cast(sinks, dtype)
+        logits = concatenate([logits, sinks], -1)
+    weights = ops.softmax(logits, axis=-1)[..., : shape_of(key)[1]]
+    if rows is not None:
+        weights = ops.where(rows, weights, 0.0)
+    scores = ops.cast(weights, query.dtype) if return_scores else None
+    if dropout is not None:
+        weights = ops.cast(dropout(weights), dtype)
+    out = ops.einsum("bnts,bsnd->btnd", weights, ops.cast(value, dtype))
+    out = ops.cast(out, query.dtype)
     return out, scores
 
 

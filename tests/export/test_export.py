@@ -240,6 +240,34 @@ def test_pt2_refuses_a_length_whose_sh_windows_pool_to_one_key(tmp_path):
         served(_inputs(4, 2))
 
 
+@pytest.mark.skipif(BACKEND != "torch", reason="torch's TorchScript trace")
+@pytest.mark.parametrize("kind", ["mha", "svr"])
+def test_one_head_serves_on_openvino_with_its_fused_kernel(kind, tmp_path):
+    """OpenVINO's TorchScript frontend converts torch's fused kernel on one
+    head wrong when it is given a scale: MultiHeadAttention with one head
+    serves wrong numbers (the control, a strict expected failure). Our
+    one-head calls stay fused (tests/layers/test_fast_paths.py) and leave
+    the scale to the kernel (`_exporters.fused_scale`), so they serve.
+    When OpenVINO fixes it, the control fails: drop the workaround."""
+    pytest.importorskip("openvino")
+    layer = (
+        keras.layers.MultiHeadAttention(num_heads=1, key_dim=3)
+        if kind == "mha"
+        else ksa.SVRAttention(num_heads=1, key_dim=3, beta=0.5)
+    )
+    inputs = keras.Input((None, F))
+    model = keras.Model(inputs, keras.layers.Dense(2)(layer(inputs, inputs)))
+    random_weights(model, seed=1)
+    model(_inputs(7, 2))
+    path = os.path.join(tmp_path, FILES["openvino"])
+    _export(model, "openvino", path)
+    if kind == "mha":
+        with pytest.raises(AssertionError, match="Mismatched"):
+            _check(model, serve("openvino", path))
+    else:
+        _check(model, serve("openvino", path))
+
+
 @pytest.mark.skipif(BACKEND != "torch", reason="torch's ONNX in OpenVINO")
 @pytest.mark.parametrize("mode", ["sh", "gqa+bn+sh"])
 def test_torch_onnx_read_by_openvino_serves_sh(mode, tmp_path):

@@ -1,0 +1,121 @@
+"""Structural guard of the fused kernel (issue 37): every head group of
+every softmax mode reaches `keras.ops.dot_product_attention` (torch's
+`scaled_dot_product_attention`, JAX's fused attention) wherever
+MultiHeadAttention does, in the manner of Keras's own
+`test_causal_only_fast_path`.
+
+A spy on the backend's `dot_product_attention` records the heads of each
+call. MultiHeadAttention makes one call of N heads; our layer makes one per
+head group, of the group's size (Counter of the head factors: a group is
+the heads sharing a factor, an independent count of what the plan does).
+On TensorFlow, which has no fused kernel (its `dot_product_attention` is
+the same einsum math), one-head groups take the explicit path by design
+(XLA compiles that gradient faster: `kernels.fuses`); every group of
+several heads still goes through the op.
+"""
+
+import collections
+
+import keras
+import numpy as np
+import pytest
+from keras.src import backend as keras_backend
+
+import keras_svr_attention as ksa
+from tests.testing import BACKEND
+from tests.testing import MODES
+from tests.testing import N
+from tests.testing import make_inputs
+from tests.testing import make_masks
+
+# The LRA shape (factors 1, 2: two one-head groups) and the UEA-like ones.
+CASES = {
+    **MODES,
+    "sh-lra": {"head_factors": [1, 2]},
+    "bn+sh-lra": {"beta": 0.6, "head_factors": [1, 2]},
+}
+MASKS = ["none", "causal", "padding"]
+
+
+@pytest.fixture
+def fused_heads(monkeypatch):
+    """The number of heads of each call of the backend's fused op."""
+    calls = []
+    original = keras_backend.nn.dot_product_attention
+
+    def spy(query, *args, **kwargs):
+        calls.append(query.shape[2])
+        return original(query, *args, **kwargs)
+
+    monkeypatch.setattr(keras_backend.nn, "dot_product_attention", spy)
+    return calls
+
+
+def _call(layer, mask_kind, num_heads):
+    query, value, key = make_inputs()
+    _, value_mask, causal = make_masks(mask_kind, query.shape[1], 9)
+    return layer(
+        query, value, key, value_mask=value_mask, use_causal_mask=causal
+    )
+
+
+def _expected_groups(factors):
+    sizes = sorted(collections.Counter(factors).values())
+    if BACKEND == "tensorflow":
+        return [size for size in sizes if size > 1]
+    return sizes
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("mode", list(CASES))
+def test_every_head_group_takes_the_fused_kernel(mode, mask, fused_heads):
+    options = CASES[mode]
+    factors = options.get("head_factors", [1] * N)
+    heads = len(factors)
+    mha = keras.layers.MultiHeadAttention(num_heads=heads, key_dim=3)
+    _call(mha, mask, heads)
+    assert fused_heads == [heads], "the control: MHA fuses all its heads"
+    fused_heads.clear()
+    layer = ksa.SVRAttention(num_heads=heads, key_dim=3, **options)
+    _call(layer, mask, heads)
+    assert sorted(fused_heads) == _expected_groups(factors)
+
+
+@pytest.mark.parametrize("mode", ["softmax", "bn+sh", "sh-lra"])
+def test_grouped_query_groups_take_the_fused_kernel(mode, fused_heads):
+    """SVRGroupedQueryAttention against Keras's GroupedQueryAttention: each
+    key/value head group's query heads in one fused call."""
+    options = dict(CASES[mode])
+    kv_factors = options.pop("head_factors", [1, 1])[::-1]
+    kv_heads = len(kv_factors)
+    sizes = dict(head_dim=3, num_query_heads=2 * kv_heads)
+    sizes["num_key_value_heads"] = kv_heads
+    query, value, key = make_inputs()
+    keras.layers.GroupQueryAttention(**sizes)(query, value, key)
+    assert fused_heads == [2 * kv_heads], "the control fuses all its heads"
+    fused_heads.clear()
+    layer = ksa.SVRGroupedQueryAttention(
+        **sizes, head_factors=kv_factors, **options
+    )
+    layer(query, value, key, use_causal_mask=True)
+    groups = collections.Counter(kv_factors).values()
+    expected = sorted(2 * size for size in groups)
+    assert sorted(fused_heads) == expected
+
+
+def test_one_head_group_with_a_scale_keeps_the_logits():
+    """A one-head fused call carries a non-default scale in the query
+    (`_exporters.fused_scale`): the same numbers as the explicit path."""
+    from keras_svr_attention.functional import kernels
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.normal(size=(2, 5, 1, 4)).astype("float32") for _ in "qkv")
+    fused, _ = kernels.softmax_attention(q, k, v, scale=0.3, is_causal=True)
+    logits = np.einsum("btd,bsd->bts", q[:, :, 0], k[:, :, 0]) * 0.3
+    logits = np.where(np.tril(np.ones((5, 5), bool)), logits, -np.inf)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    want = np.einsum("bts,bsd->btd", weights, v[:, :, 0])
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(fused)[:, :, 0], want, atol=1e-5
+    )
