@@ -48,8 +48,12 @@ def _install(session, backend, extras, hub=False):
     session.install(*_find_links(), "-e", f".[{extras}]")
     if hub:
         # keras-hub's metadata pulls tensorflow-text and with it TensorFlow;
-        # its runtime needs only the `[hub]` extra (installed above).
+        # its runtime needs only the `[hub]` extra (installed above), and
+        # grain to preprocess a task's inputs (strings, images) where there
+        # is no tf.data.
         session.install("--no-deps", "keras-hub")
+        if backend != "tensorflow":
+            session.install("grain")
 
 
 XLA_FAST_COMPILE = " ".join(

@@ -76,17 +76,32 @@ class _Converted:
         )
         swapped = {}
         for names, layer_config in record["layers"]:
-            layer = model
-            for name in names:
-                (layer,) = [
-                    sub
-                    for sub in internals.sublayers(layer)
-                    if sub.name == name
-                ]
+            layer = _recorded_layer(model, names)
             replacement = apply(model, layer, layer_config)
             swapped[id(replacement)] = layer_config
         record_conversion(model, swapped)
         return model
+
+
+def _recorded_layer(model, names):
+    """The layer at the path of `names` under `model`, or a ValueError
+    naming the path and the first name the model lacks."""
+    layer = model
+    for depth, name in enumerate(names):
+        found = [sub for sub in internals.sublayers(layer) if sub.name == name]
+        if len(found) != 1:
+            path = "/".join(names)
+            have = sorted(sub.name for sub in internals.sublayers(layer))
+            raise ValueError(
+                f"The conversion record of {model.name!r} does not match "
+                f"the model: it converts the attention layer {path!r}, but "
+                f"{'/'.join(names[:depth]) or model.name!r} holds "
+                f"{'no' if not found else len(found)} layer named "
+                f"{name!r} (its layers: {have}). Load the file with the "
+                "model it was saved from."
+            )
+        (layer,) = found
+    return layer
 
 
 @keras.saving.register_keras_serializable(

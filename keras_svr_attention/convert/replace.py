@@ -240,6 +240,12 @@ def replace_attention(
     }
     serialized = keras.saving.serialize_keras_object(model)
     _rewrite_config(serialized, by_name)
+    preprocessor = _preprocessor(model, serialized)
+    if preprocessor is not None:
+        # Rebuilt without it: a config holds no tokenizer vocabulary (an
+        # asset), and a tokenizer rebuilt without one flattens to other
+        # layers. The copy shares the original's preprocessor below.
+        serialized["config"]["preprocessor"] = None
     # The model's own classes, registered or not, rebuild its copy.
     classes = {
         type(layer).__name__: type(layer)
@@ -254,10 +260,29 @@ def replace_attention(
     #    are swapped on the built copy, in place, and recorded where
     #    `.keras` loading will find them.
     old_layers = internals.flatten_layers(model)
+    if preprocessor is not None:
+        skipped = internals.flatten_layers(preprocessor, include_self=True)
+        skipped = {id(layer) for layer in skipped}
+        old_layers = [x for x in old_layers if id(x) not in skipped]
     swapped = _swap_attributes(new, old_layers, configs)
     record.record_conversion(new, swapped)
     _copy_weights(old_layers, internals.flatten_layers(new))
+    if preprocessor is not None:
+        new.preprocessor = preprocessor
     return state_decoding.mark(new) if state else new
+
+
+def _preprocessor(model, serialized):
+    """A KerasHub task's attached preprocessor (tokenizer, packer, image
+    converter) that its config rebuilds, or None. It holds no weights and
+    nothing attention computes, so the converted task shares it:
+    `generate("a string")`, `fit` on strings and `.keras` saving work as
+    on the original."""
+    preprocessor = getattr(model, "preprocessor", None)
+    config = serialized.get("config")
+    if isinstance(preprocessor, keras.Layer) and "preprocessor" in config:
+        return preprocessor
+    return None
 
 
 def _decodes_with_state(model, attention, options, layers):

@@ -395,3 +395,30 @@ def test_converted_models_load_across_backends(name, saved_on):
         assert isinstance(layer, ksa.SVRAttention), type(layer)
     _, _, key, _, _ = CONVERTED[name]()
     assert_allclose(_output(loaded, inputs, key), data["output"], 1e-4, 1e-4)
+
+
+def test_a_record_that_names_a_missing_layer_says_so(tmp_path):
+    """A `.keras` file whose conversion record names a layer the model
+    lacks (edited, or saved from another model) is refused naming the
+    recorded path, not with an unpacking error."""
+    import json
+    import zipfile
+
+    model, _, _, factors, _ = CONVERTED["bert"]()
+    new = ksa.replace_attention(model, "bn+sh", head_factors=factors)
+    path = str(tmp_path / "converted.keras")
+    new.save(path)
+    with zipfile.ZipFile(path) as f:
+        files = {name: f.read(name) for name in f.namelist()}
+    config = json.loads(files["config.json"])
+    record = config["config"]["svr_attention_conversion"]["layers"]
+    names, _ = record[0]
+    names[0] = "no_such_layer"
+    files["config.json"] = json.dumps(config).encode()
+    edited = str(tmp_path / "edited.keras")
+    with zipfile.ZipFile(edited, "w") as f:
+        for name, data in files.items():
+            f.writestr(name, data)
+    with pytest.raises(ValueError, match="does not match the model") as info:
+        keras.saving.load_model(edited)
+    assert "no_such_layer/" + "/".join(names[1:]) in str(info.value)
