@@ -4,12 +4,12 @@ For each attention variant, builds the paper's LRA configuration (width 64,
 2 heads with SH factors [1, 2], FFN 128, 2 layers) and compiles the forward
 and the forward+backward programs with XLA; reads FLOPs from
 `cost_analysis()` and temporary bytes from `memory_analysis()`, and reports
-each as a ratio to softmax next to the paper's (SPEC.md section 5).
+each as a ratio to softmax next to the paper's (its LRA efficiency figure).
 
     KERAS_BACKEND=jax python benchmarks/flops.py --output benchmarks/results
 
 Counts, not timings: the same numbers on every run. Memory on CPU depends on
-XLA's fusion choices and is indicative only (SPEC.md section 7).
+XLA's fusion choices and is indicative only (docs/results.md, FLOPs).
 """
 
 import argparse
@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 import keras_svr_attention as ksa  # noqa: E402
 
 VARIANTS = ["softmax", "bn", "sh", "bn+sh", "linear", "linear+bn+sh"]
-# Paper, LRA Retrieval, BN+SH vs softmax (SPEC.md section 5).
+# Paper, LRA Retrieval, BN+SH vs softmax (its efficiency figure).
 PAPER_FLOP_RATIO = {512: 0.84, 4096: 0.75, 8192: 0.76}
 
 

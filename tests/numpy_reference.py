@@ -1,4 +1,4 @@
-"""Float64 NumPy versions of SPEC.md's equations, written plainly.
+"""Float64 NumPy versions of the paper's equations, written plainly.
 
 Imports numpy only, never the package: an independent computation to test
 the layers against. Loops are deliberate; clarity over speed.
@@ -30,7 +30,8 @@ def window_ends(length, factor, num_prefix_tokens):
 
 
 def pooled_visibility(full, factor, num_prefix_tokens, causal_mask=False):
-    """(B, T, W) whether query i sees pooled key w (SPEC.md section 6).
+    """(B, T, W) whether query i sees pooled key w (docs/guide/rules.md,
+    "Causal windows").
 
     `full` is the merged (B, T, S) mask without causality. A key is valid
     when some query may see it; window w is seen when it holds a valid token
@@ -126,7 +127,7 @@ def svr_attention(
     conv_k=None,
     conv_grid=None,
 ):
-    """Multi-head SVR attention, Eqns 22, 25, 26 and 51 of SPEC.md.
+    """Multi-head SVR attention, Eqns 22, 25, 26 and 51 of the paper.
 
     Args:
         query: (B, T, F) inputs; value, key: (B, S, F') inputs.

@@ -24,9 +24,11 @@ from keras_svr_attention.functional._tensors import zero_pad
 
 
 def pooled_length(length, factor, num_prefix_tokens=0):
-    """p + ceil((S - p) / r): length of the pooled sequence."""
+    """p + ceil((S - p) / r): length of the pooled sequence, plus one empty
+    window at a symbolic S (`window_sum`)."""
     rest = length - num_prefix_tokens
-    return num_prefix_tokens + (rest + factor - 1) // factor
+    empty = 0 if isinstance(length, int) or factor == 1 else 1
+    return num_prefix_tokens + (rest + factor - 1) // factor + empty
 
 
 def window_sum(x, factor, num_prefix_tokens=0, axis=1):
@@ -34,24 +36,32 @@ def window_sum(x, factor, num_prefix_tokens=0, axis=1):
 
     `(..., S, ...)` -> `(..., p + ceil((S - p) / r), ...)`: window w sums
     entries p + w r ... p + (w + 1) r - 1, the last window zero-padded.
-    Works on an unknown (symbolic) S: the sum of r strided slices of the
-    S - p entries after the prefix, zero-padded by r - 1, slice j taking
-    entries j, j + r, ... below S - p + j, so every slice has
-    ceil((S - p) / r) entries by the same expression. No reshape into
-    windows (an exporter tracing a length whose window count is 1 would fix
-    that count for good), no padding of a computed size (which jax2onnx
-    cannot place).
+    Works on an unknown (symbolic) S: the sum of r strided slices of x
+    zero-padded by r - 1, slice j taking entries p + j, p + j + r, ...
+    below S + j, so every slice has ceil((S - p) / r) entries by the same
+    expression. No reshape into windows (an exporter tracing a length whose
+    window count is 1 would fix that count for good), no padding of a
+    computed size (which jax2onnx cannot place), and no slice x[:, p:] of
+    its own (torch.export, tracing S = 2 with one prefix token, fixes S
+    when a size S - p is 1).
+
+    At a symbolic S, one empty window more (zero sum, zero count, masked
+    like any window without a valid token): the pooled length is then
+    never 1, which an exporter tracing a short sample (torch.export at
+    length 2) would fix, or guard against, for good.
     """
+    if factor == 1:
+        return x
     p = num_prefix_tokens
     x = ops.moveaxis(x, axis, 1) if axis != 1 else x
-    prefix, rest = x[:, :p], x[:, p:]
-    if factor > 1:
-        length = shape_of(rest)[1]
-        padded = zero_pad(rest, 1, after=factor - 1)
-        rest = padded[:, 0:length:factor]
-        for j in range(1, factor):
-            rest = rest + padded[:, j : length + j : factor]
-    out = concatenate([prefix, rest], 1) if p else rest
+    stop = shape_of(x)[1]
+    empty = 0 if isinstance(stop, int) else factor
+    padded = zero_pad(x, 1, after=factor - 1 + empty)
+    stop = stop + empty
+    out = padded[:, p:stop:factor]
+    for j in range(1, factor):
+        out = out + padded[:, p + j : stop + j : factor]
+    out = concatenate([x[:, :p], out], 1) if p else out
     return ops.moveaxis(out, 1, axis) if axis != 1 else out
 
 

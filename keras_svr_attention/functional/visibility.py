@@ -335,6 +335,9 @@ def _plan_pooled(factor, heads, p, masks, shapes, causality):
         mask = _broadcast_last(mask, num_keys)
         pooled_mask = pooling.pool_mask(mask, valid, factor, p)
     counts = pooling.window_counts(valid, factor, p, num_keys)
+    if pooled_mask is None and not isinstance(num_keys, int):
+        # The empty window at a symbolic length (`pooling.window_sum`).
+        pooled_mask = ops.expand_dims(counts > 0, (1, 2))
     if causal:
         rows = positions(num_queries, offset)
         ends = pooling.window_ends(num_keys, factor, p)

@@ -1,8 +1,7 @@
 """Presets with the paper's names: SVRAttention with options filled in."""
 
-import numbers
-
 from keras_svr_attention.api_export import svr_export
+from keras_svr_attention.functional.options import is_int
 from keras_svr_attention.layers.svr_attention import SVRAttention
 
 
@@ -12,9 +11,7 @@ def default_head_factors(num_heads):
     None when `num_heads` is not an integer (Python or NumPy): the layer's
     own check then names it.
     """
-    if not isinstance(num_heads, numbers.Integral) or isinstance(
-        num_heads, bool
-    ):
+    if not is_int(num_heads):
         return None
     return [2 ** (h // 2) for h in range(int(num_heads))]
 
@@ -123,6 +120,7 @@ class SparseAttention(SVRAttention):
     def __init__(
         self, num_heads, key_dim, sparsity="strided", block_size=8, **kwargs
     ):
+        # The same defaults as the name "sparse" (`_KERNEL_NAMES`).
         super().__init__(
             num_heads,
             key_dim,
@@ -139,6 +137,15 @@ _KERNEL_NAMES = {
     "linear": {"kernel": "linear"},
     "sparse": {"sparsity": "strided", "block_size": 8},
 }
+
+
+def _parse(attention):
+    """`(kernel, extras)` of a name: "linear+bn" -> ("linear", ["bn"]);
+    extras may hold anything (checked by `options_for`)."""
+    parts = str(attention).lower().replace("-", "+").split("+")
+    if parts[0] in _KERNEL_NAMES:
+        return parts[0], parts[1:]
+    return "softmax", parts
 
 
 def available():
@@ -164,13 +171,12 @@ def options_for(attention, num_heads, check_only=False, **kwargs):
         >>> options_for("bn+sh", 4)
         {'beta': 1.0, 'head_factors': [1, 1, 2, 2]}
     """
-    parts = str(attention).lower().replace("-", "+").split("+")
-    kernel = parts[0] if parts[0] in _KERNEL_NAMES else "softmax"
-    extras = parts[1:] if parts[0] in _KERNEL_NAMES else parts
+    kernel, extras = _parse(attention)
+    explicit_softmax = str(attention).lower().startswith("softmax")
     if (
         not set(extras) <= {"bn", "sh"}
         or len(set(extras)) != len(extras)
-        or (kernel == "softmax" and parts[0] == "softmax" and extras)
+        or (explicit_softmax and extras)
     ):
         raise ValueError(
             f"`attention` must be one of {available()}. Received: "
@@ -203,7 +209,7 @@ def options_used_by(attention, **options):
         >>> options_used_by("bn", beta=0.6, head_factors=[1, 2])
         {'beta': 0.6}
     """
-    parts = set(str(attention).lower().replace("-", "+").split("+"))
+    parts = set(_parse(attention)[1])
     unused = {"beta": "bn", "head_factors": "sh"}
     return {
         k: v

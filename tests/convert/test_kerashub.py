@@ -282,7 +282,7 @@ def test_converted_blocks_equal_originals_on_masked_inputs(block):
     got = ops.convert_to_numpy(same(ids))
     if block == "encoder":
         # MultiHeadAttention: a padded query row sees no key, and is zero
-        # here (SPEC.md section 6); the valid rows must agree.
+        # here (docs/guide/rules.md, "Visibility"); the valid rows must agree.
         rows = ids != 0
         want, got = want[rows], got[rows]
     assert_allclose(got, want, 1e-5, 1e-5)

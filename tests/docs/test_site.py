@@ -40,14 +40,20 @@ CHROMIUM_FLAGS = [
 
 
 class _Page(html.parser.HTMLParser):
-    """Text by tag and the classes seen, from a rendered DOM."""
+    """Text by tag, each paragraph's text, the images' sources and the
+    classes seen, from a rendered DOM."""
 
     def __init__(self):
         super().__init__()
         self.classes, self.text, self._open = [], {}, []
+        self.paragraphs, self.images = [], []
 
     def handle_starttag(self, tag, attrs):
         self._open.append(tag)
+        if tag == "p":
+            self.paragraphs.append("")
+        if tag == "img":
+            self.images.append(dict(attrs).get("src", ""))
         for name, value in attrs:
             if name == "class" and value:
                 self.classes.extend(value.split())
@@ -62,6 +68,8 @@ class _Page(html.parser.HTMLParser):
             return  # not shown: KaTeX's LaTeX source, code
         for tag in set(self._open):
             self.text.setdefault(tag, []).append(data)
+        if "p" in self._open:
+            self.paragraphs[-1] += data
 
     def joined(self, tag):
         return "".join(self.text.get(tag, []))
@@ -144,3 +152,35 @@ def test_guide_page_typesets_the_readme_section(site_url):
     page = render(f"{site_url}/guide/masks.html", "guide_masks")
     assert "Masks and causality" in page.joined("h1")
     assert "Causal means causal." in page.joined("strong")
+
+
+def _pages():
+    """Every HTML page of the built site (relative paths), 404 left out."""
+    pages = []
+    for folder, _, files in os.walk(SITE):
+        for name in files:
+            path = os.path.relpath(os.path.join(folder, name), SITE)
+            if name.endswith(".html") and path != "404.html":
+                pages.append(path)
+    return sorted(pages)
+
+
+def test_every_page_renders_its_lists_images_and_equations(site_url):
+    """Each page of the site in Chromium: no list left as a paragraph of
+    dashes (Python-Markdown needs a blank line before a list, GitHub's
+    renderer does not), no image whose file the site lacks, no equation
+    KaTeX could not typeset."""
+    pages = _pages()
+    assert len(pages) >= 15, pages
+    for path in pages:
+        page = render(f"{site_url}/{path}", path.replace("/", "_"))
+        for text in page.paragraphs:
+            assert not re.search(r"(^|\n)\s*[-*] \S", text), (path, text)
+        assert "katex-error" not in page.classes, path
+        for src in page.images:
+            if src.startswith(("data:", "http")):
+                continue
+            local = os.path.normpath(
+                os.path.join(SITE, os.path.dirname(path), src.split("#")[0])
+            )
+            assert os.path.isfile(local), (path, src)

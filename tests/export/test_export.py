@@ -32,9 +32,7 @@ from tests.testing import svr_layer
 pytestmark = pytest.mark.export
 
 F = 6
-# Served at these (length, batch) pairs; Keras traces at length 1 or 2,
-# the torch format at 9. At 6, every SH head below still pools its keys
-# into 2 windows or more, as `.pt2` needs (docs: Serving).
+# Served at these (length, batch) pairs; Keras traces at length 1 or 2.
 SERVED = [(6, 2), (11, 3)]
 MODES = {
     "mha": None,  # the control
@@ -133,12 +131,10 @@ def _export(model, fmt, path):
     if fmt == "torch":
         import torch
 
-        dynamic = {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO}
+        # The call MultiHeadAttention needs for any batch and length
+        # (Keras traces at length 2; SH pools to 2 windows or more there).
+        dynamic = {0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC}
         kwargs["dynamic_shapes"] = dynamic
-        # Traced at length 9, not Keras's 2: torch.export fixes any size
-        # that is 1 at the sample, and SH windows of 2 to 4 tokens pool 2
-        # keys into 1 (docs: Serving).
-        kwargs["input_signature"] = [keras.InputSpec(shape=(None, 9, F))]
     model.export(path, format=fmt, verbose=False, **kwargs)
 
 
@@ -227,17 +223,24 @@ def test_exported_model_serves_what_predict_computes(
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="torch's own format")
-def test_pt2_refuses_a_length_whose_sh_windows_pool_to_one_key(tmp_path):
-    """torch.export fixes a pooled length of 1 apart from longer ones: the
-    program traced at 9 refuses length 4 (factor 4: one window) with a
-    guard error instead of serving wrong numbers."""
-    model = _model("bn+sh", "none")
+@pytest.mark.parametrize("mode", ["bn+sh", "linear+bn+sh", "bn+sh+cls"])
+def test_pt2_serves_every_length_from_the_plain_call(mode, tmp_path):
+    """torch.export fixes a size that is 1 at its sample (Keras traces at
+    length 2): at a symbolic length SH pools one empty window more (never
+    a pooled length of 1), and windows are cut from the sequence itself
+    (never a size S - p of 1), so the `.pt2` serves every length from 1
+    (from 2 with a prefix token) to past its windows, padded or not."""
+    model = _model(mode, "padding")
     path = os.path.join(tmp_path, FILES["torch"])
     _export(model, "torch", path)
     served = serve("torch", path)
-    served(_inputs(6, 2))  # two windows or more: served
-    with pytest.raises((AssertionError, RuntimeError), match="[Gg]uard"):
-        served(_inputs(4, 2))
+    first = 2 if mode.endswith("cls") else 1
+    for length in range(first, 14):
+        x = _inputs(length, 1 + length % 3, seed=length)
+        assert_allclose(
+            served(x), model.predict(x, verbose=0), 1e-4, 1e-4,
+            err_msg=f"served at length {length}",
+        )  # fmt: skip
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="torch's TorchScript trace")

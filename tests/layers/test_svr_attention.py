@@ -1,4 +1,4 @@
-"""SVRAttention against NumPy (SPEC equations) and keras MultiHeadAttention.
+"""SVRAttention against NumPy (the paper's equations) and MultiHeadAttention.
 
 The sizes, modes and inputs are `tests.testing`'s.
 """
@@ -238,8 +238,8 @@ def test_svr_attention_explicit_causal_equals_use_causal_mask(mode):
     a = layer(query, value, use_causal_mask=True)
     b = layer(query, value, attention_mask=tril)
     # They differ only where a window is cut short by the end of the
-    # sequence (SPEC.md section 6): the explicit mask lets the queries
-    # inside it see it, `use_causal_mask` does not.
+    # sequence (docs/guide/rules.md, "Causal windows"): the explicit mask
+    # lets the queries inside it see it, `use_causal_mask` does not.
     cut = (
         min(1 + (T - 2) // r * r for r in layer.head_factors if (T - 1) % r)
         if any((T - 1) % r for r in layer.head_factors)

@@ -99,7 +99,7 @@ def test_vit_classifier_rejects_bad_options():
 def test_deit_tiny_preset_builds_the_papers_model():
     # DeiT-tiny (Touvron et al. 2021): 5.7M parameters at 224 x 224 with
     # 1000 classes; 12 blocks of 4 heads over width 192. The SH factors of
-    # the paper's ImageNet run, and beta = 1.0 (SPEC.md section 5).
+    # the paper's ImageNet run, and beta = 1.0 (the paper, Appendix).
     model = ksa.vit_classifier((224, 224, 3), 1000, "bn+sh", "deit-tiny")
     assert round(model.count_params() / 1e5) == 57
     blocks = [layer for layer in model.layers if layer.name.startswith("block")]
