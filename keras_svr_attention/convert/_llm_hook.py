@@ -22,6 +22,7 @@ import inspect
 
 from keras import ops
 
+from keras_svr_attention.convert._subclass import subclass
 from keras_svr_attention.ops import svr_dot_product_attention
 
 # The op's options a hooked layer takes (no weights of its own: no
@@ -358,18 +359,13 @@ TAKEN_OVER = {
 }
 ALIBI = ("BloomAttention", "FalconAttention")
 
-_CLASSES = {}
-
 
 def hook(layer, options):
     """Gives `layer` the SVR hook with `options` (a dict of HOOK_OPTIONS)."""
     base = next(
         c for c in type(layer).__mro__ if not issubclass(c, HookedAttention)
     )
-    if base not in _CLASSES:
-        mixin = TAKEN_OVER.get(base.__name__, HookedAttention)
-        _CLASSES[base] = type(base.__name__, (mixin, base), {})
-        _CLASSES[base].__module__ = base.__module__
+    mixin = TAKEN_OVER.get(base.__name__, HookedAttention)
     layer._svr_hook_options = dict(options)
-    layer.__class__ = _CLASSES[base]
+    layer.__class__ = subclass(mixin, base)
     return layer

@@ -5,6 +5,7 @@ import keras
 
 from keras_svr_attention.convert import _keras_internals as internals
 from keras_svr_attention.convert import _llm_hook as llm
+from keras_svr_attention.convert._subclass import subclass
 from keras_svr_attention.layers.grouped_query_attention import (
     SVRGroupedQueryAttention,
 )
@@ -112,9 +113,6 @@ class ConvertedModel(_Converted):
     converted model's record, rebuilt by `_Converted.from_config`."""
 
 
-_SUBCLASSES = {}
-
-
 def record_conversion(model, swapped):
     """Marks the nearest model holding each swapped layer (see above)."""
     for holder in [model] + [
@@ -133,9 +131,7 @@ def record_conversion(model, swapped):
         if issubclass(base, _Converted):
             base = base.__mro__[2]  # (converted, _Converted, base, ...)
         holder._svr_conversion = {"base": class_record(base), "layers": record}
-        holder.__class__ = registered_subclass(
-            _Converted, base, _CONVERTED_NAME
-        )
+        holder.__class__ = subclass(_Converted, base, _CONVERTED_NAME)
 
 
 def _name_paths(model, prefix=()):
@@ -157,16 +153,3 @@ def class_record(cls):
         "class_name": cls.__name__,
         "registered_name": keras.saving.get_registered_name(cls),
     }
-
-
-def registered_subclass(mixin, base, name):
-    """`base` with `mixin` before it, under `base`'s own name, registered
-    as `name` (the mixin's `from_config` rebuilds `base`): one class per
-    (mixin, base)."""
-    if (mixin, base) not in _SUBCLASSES:
-        cls = type(base.__name__, (mixin, base), {})
-        cls.__module__ = base.__module__
-        _SUBCLASSES[mixin, base] = keras.saving.register_keras_serializable(
-            package="keras_svr_attention", name=name
-        )(cls)
-    return _SUBCLASSES[mixin, base]

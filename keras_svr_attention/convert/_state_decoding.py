@@ -20,6 +20,7 @@ from keras import ops
 
 from keras_svr_attention.convert import _keras_internals as internals
 from keras_svr_attention.convert import _record as record
+from keras_svr_attention.convert._subclass import subclass
 from keras_svr_attention.layers.svr_attention import SVRAttention
 
 _MARK = "svr_state_decoding"
@@ -95,7 +96,5 @@ def mark(model):
     `.keras` file loads it so."""
     base = type(model)
     if not issubclass(base, _StateDecoding):
-        model.__class__ = record.registered_subclass(
-            _StateDecoding, base, _NAME
-        )
+        model.__class__ = subclass(_StateDecoding, base, _NAME)
     return model

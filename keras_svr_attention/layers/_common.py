@@ -139,11 +139,7 @@ class SVRLayer:
             self, "_return_attention_scores", False
         )
         if self._flash_attention and return_scores:
-            raise ValueError(
-                "Returning attention scores is not supported when flash "
-                "attention is enabled. Please disable flash attention to "
-                "access attention scores."
-            )
+            self._refuse_scores_under_flash()
         dropout = None
         if self.dropout and training:
 
@@ -156,6 +152,16 @@ class SVRLayer:
             beta, getattr(self, self._SCALE), dropout, return_scores,
             self._flash_attention,
         )  # fmt: skip
+
+    def _refuse_scores_under_flash(self):
+        raise ValueError(
+            "Returning attention scores is not supported when flash "
+            "attention is enabled. Please disable flash attention to "
+            "access attention scores (`return_attention_scores=True`). "
+            f"Received: flash_attention={self.options.flash_attention!r}, "
+            f"in effect {self._flash_attention!r} (None follows "
+            "keras.config.enable_flash_attention())"
+        )
 
     def _compute_linear_attention(
         self,

@@ -398,16 +398,6 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
             f"cache=None, cache_update_index={cache_update_index!r}"
         )
 
-    def _refuse_scores_under_flash(self):
-        raise ValueError(
-            "Returning attention scores is not supported when flash "
-            "attention is enabled. Please disable flash attention to "
-            "access attention scores (`return_attention_scores=True`). "
-            f"Received: flash_attention={self.options.flash_attention!r}, "
-            f"in effect {self._flash_attention!r} (None follows "
-            "keras.config.enable_flash_attention())"
-        )
-
     def _is_state(self, cache):
         """Whether `cache` is the linear kernel's recurrent state: a dict,
         or any tensor under `state_cache` (packed)."""
