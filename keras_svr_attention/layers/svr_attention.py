@@ -19,166 +19,70 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
 
     Each head evaluates a support vector expansion at the queries. With every
     option off this is `keras.layers.MultiHeadAttention`: the same four
-    projections (`query_dense`, `key_dense`, `value_dense`, `output_dense`),
-    the same call signature and masks, the same outputs. Two options change
-    the SVR behind each head, and they combine:
+    projections, call signature, masks and outputs. The options combine:
 
     ```text
     Attention-BN (Eqn 26; Eqn 22 with standardize):
       h_i = sum_j softmax_j((q_i - b mu_i)^T (k_j - b mu_i) / sqrt(D)) v_j
     Attention-SH (Eqn 25): head s attends to keys and values average-pooled
-      by r_s along the sequence (pooled before the K/V projections).
+      by r_s along the sequence.
     Attention-BN+SH (Eqn 51): mu_i over the head's own pooled keys.
     ```
 
-    where:
-
-    - `b` is `beta` (a trainable scalar when `learn_beta`);
-    - `mu_i` (and `sigma_i^2`) are the mean (and population variance) of the
-      keys query i may attend to, per sample and per head; with
-      `standardize`, q and k become `(x - b mu) / sqrt(sigma^2 + epsilon)`;
-    - `r_s` is `head_factors[s]`; the first `num_prefix_tokens` keys are
-      never pooled.
-
-    Relation to the paper (the rules page: "Statistics", "Visibility",
-    "Windows"): mu is taken over the
-    keys a query may see (padding left out; under a causal mask mu_i is the
-    mean of k_1..k_i). SH windows have stride = size = r, the last one
-    shorter; padded tokens are left out of each average; a query sees a
-    window when it may see every valid token in it. A query row that sees no
-    key outputs exactly zero. Every mask is merged in one place,
-    `functional.visibility.plan_head_groups`, on symbolic shapes.
-
-    Causality: under `use_causal_mask` (and in cached decoding) the output
-    at position i depends only on inputs and masks at positions <= i. A
-    pooled window is seen by query i only when its whole span ends at or
-    before i, so a window cut short by the end of the sequence or by right
-    padding is not seen by the queries inside it. An explicit
-    lower-triangular `attention_mask` has no positions: there those queries
-    do see their cut window (the only place where the two differ).
+    where b is `beta`, mu_i the mean of the keys query i may attend to (per
+    sample and head) and r_s is `head_factors[s]`. Which key each query
+    sees, how windows pool and what causality means are on the rules page
+    ("Statistics", "Visibility", "Windows", "Causal windows"). A row that
+    sees no key outputs zero. Every head group goes through the projection
+    sublayers' own `call`, so `quantize`, LoRA and dtype policies apply.
+    Subclasses override `_compute_attention` (softmax, MultiHeadAttention's
+    hook) or `_compute_linear_attention`, per group of heads.
 
     Args:
         num_heads: int. Number of heads N.
         key_dim: int. Head dimension D of queries and keys.
-        value_dim: int or None. Head dimension of values. Defaults to
-            `key_dim`.
-        dropout: float. Dropout rate on the attention weights.
-        use_bias: bool. Whether the projections have biases.
-        output_shape: int, tuple or None. Output feature shape. Defaults to
-            the query's feature size.
-        attention_axes: must be None (attention over the sequence axis).
-        flash_attention: bool or None. Passed to
-            `keras.ops.dot_product_attention` for the softmax heads, as in
-            `MultiHeadAttention`. True is refused where no fused kernel
-            exists: on TensorFlow (its `dot_product_attention` is plain
-            einsum math), with `kernel="linear"`, with `dropout`, and with
-            `return_attention_scores`. None lets the backend decide.
-        sliding_window: int or None. Query i sees only keys with
-            |i - j| < `sliding_window` (combine with `use_causal_mask` for a
-            causal window), as in `MultiHeadAttention` (Keras >= 3.15).
-            One more mask: BN takes mu over the keys in the window; SH sees
-            a pooled window when it sees every valid token of it.
-        use_gate: bool. Gate the attention output with sigmoid(x W_g + b_g)
-            of the query before `output_dense`, as `MultiHeadAttention`
-            does (Keras >= 3.14).
-        beta: float or None. Recentering weight b of Eqn 26; None or 0
-            turns recentering off. Defaults to None.
+        attention_axes: must be None (the sequence axis).
+        beta: float or None. Recentering weight b; None or 0 turns BN off.
         standardize: bool. Also divide by the keys' standard deviation
-            (Eqn 22). Defaults to False.
-        learn_beta: bool. Learn b as one scalar weight, initialised at
-            `beta` (which must then be given). Defaults to False.
-        epsilon: float > 0. Added to sigma^2 under `standardize`. Defaults
-            to 1e-5.
+            (Eqn 22).
+        learn_beta: bool. Learn b as one scalar, initialised at `beta`.
+        epsilon: float > 0. Added to sigma^2 under `standardize`.
         head_factors: list of int >= 1, one per head, or None (all 1).
-            Pooling factor r_s of Attention-SH. Defaults to None.
         num_prefix_tokens: int >= 0. Leading tokens (a CLS token) that are
-            never pooled. Defaults to 0.
-        kernel: "softmax" or "linear". The SVR's feature map: exp(q^T k)
-            or Phi(x) = elu(x) + 1, computed as Phi(Q) (Phi(K)^T V) or with
-            prefix sums under causality, O(T) without a T x S matrix. The
-            linear kernel takes padding and causal masks only; under BN it
-            shifts both q and k before Phi (causal: query i by the mean of
-            the keys it sees, key j by the mean of keys 0..j). Defaults to
-            "softmax".
-        chunk_size: int > 0. The causal linear kernel runs as a recurrence
-            over chunks of this many positions (quadratic inside a chunk,
-            a running D x Dv state across chunks): memory
-            O(T C + (T / C) D Dv). Defaults to 64
-            (`benchmarks/linear_decoding.py`).
-        sparsity: None, "local", "strided" or "fixed". A sparse pattern:
-            query i fits its SVR on the subset M_i of keys allowed by the
-            pattern (Child et al. 2019; `functional.masks`), with
-            `block_size` its window, stride or block. BN takes mu_i over
-            M_i; SH applies the pattern to pooled windows by the rule above
-            (a window is seen when every valid token of it is). Defaults to
-            None.
+            never pooled.
+        kernel: "softmax" or "linear" (Phi(x) = elu(x) + 1, O(T); padding
+            and causal masks only; the rules page, "Linear kernel").
+        chunk_size: int > 0. Chunk of the causal linear recurrence.
+        sparsity: None, "local", "strided" or "fixed" (Child et al. 2019),
+            with `block_size` its window, stride or block.
         block_size: int. Size of the sparse pattern.
-        conv_kernel_size: int or None. Attention-Conv1D/2D: convolve the
-            projected queries and keys with one learned depth-wise kernel
-            of this size, shared by every channel (weights `query_conv`,
-            `key_conv`, initialised to the identity), before the scores.
-            Causal masks drop the taps that look ahead; SH heads
-            convolve their pooled keys. Defaults to None.
-        conv_grid: (height, width) or None. Convolve in 2-D over the
-            image's patch grid (after `num_prefix_tokens` CLS tokens)
-            instead of along the sequence. Needs unpooled heads.
-        use_keras_masks: bool. Apply `query_mask`, `value_mask` and
-            `key_mask`, given or propagated from the inputs' Keras masks,
-            as `MultiHeadAttention` does. False ignores them, as KerasHub's
-            `CachedMultiHeadAttention` (whose call has no such arguments)
-            does; `replace_attention` sets it when converting one. Defaults
-            to True.
-        state_cache: bool. With `kernel="linear"`: a tensor `cache` holds
-            the recurrent state packed in one tensor
-            (`get_initial_state(batch_size, packed=True)`), not keys and
-            values, for causal-LM plumbing that passes one cache tensor per
-            layer (KerasHub's `call_with_cache`): causality is implied and
-            `attention_mask` and `cache_update_index` are not read (the
-            state holds its position). Without a cache, `attention_mask`
-            is read as a decoder's mask, causal and key padding (its last
-            row is the key padding), and causality is applied.
-            `replace_attention` sets it on a KerasHub causal LM converted
-            to a linear kernel. Defaults to False.
-        **kwargs: the remaining arguments of
-            `keras.layers.MultiHeadAttention` (initializers, regularizers,
-            constraints, `seed`, `name`, `dtype`).
-
-    Every head group goes through the projection sublayers' own `call`
-    (`query_dense`, `key_dense`, `value_dense`, `output_dense`, and `gate`
-    with `use_gate`): `quantize`, `enable_lora`, constraints, regularizers
-    and dtype policies apply as in `MultiHeadAttention`. Pooled heads pool
-    the projected keys and values (pooling commutes with the affine
-    projections).
-
-    Hooks, for subclasses: `_compute_attention` (the softmax kernel, the
-    same signature as `MultiHeadAttention`'s) and
-    `_compute_linear_attention` (the linear kernel) receive one group of
-    heads at a time, projected and pooled; they apply Attention-BN.
+        conv_kernel_size: int or None. Attention-Conv: a depth-wise kernel
+            on the projected queries and keys before the scores.
+        conv_grid: (height, width) or None. Convolve in 2-D over the patch
+            grid instead.
+        use_keras_masks: bool. Apply the inputs' Keras masks as
+            `MultiHeadAttention` does (False: as KerasHub's cached one).
+        state_cache: bool. With `kernel="linear"`, a `cache` holds the
+            packed recurrent state (KerasHub's `call_with_cache`).
+        **kwargs: the other arguments of `MultiHeadAttention`, with their
+            meaning there (`value_dim`, `dropout`, `use_bias`,
+            `output_shape`, `sliding_window`, `use_gate`, initializers...).
+            `flash_attention=True` is refused where it is there, and on
+            TensorFlow and with `kernel="linear"`.
 
     Call arguments:
-        query: `(B, T, dim_q)`.
-        value: `(B, S, dim_v)`.
-        key: `(B, S, dim_k)` or None (use `value`).
+        query: `(B, T, dim_q)`. value: `(B, S, dim_v)`. key: `(B, S, dim_k)`
+            or None (use `value`).
         query_mask, value_mask, key_mask: `(B, T)` / `(B, S)` padding
             masks; taken from the inputs' Keras masks when not given.
-        attention_mask: boolean `(B, T, S)`, `(T, S)`, per head
-            `(B, N, T, S)`, or broadcastable, True where query i may attend
-            to key j.
-        return_attention_scores: bool. Also return the weights
-            `(B, N, T, S)` (refused under `flash_attention=True`, as in
-            `MultiHeadAttention`); for pooled heads a window's weight is spread
-            evenly over its valid tokens, so scores @ values is the output.
+        attention_mask: boolean `(B, T, S)`, `(T, S)` or `(B, N, T, S)`.
+        return_attention_scores: bool. Also return `(B, N, T, S)`; a
+            pooled window's weight is spread over its valid tokens.
         training: bool. Dropout on or off.
-        use_causal_mask: bool. Query i sees only keys j <= i (with a
-            cache: j <= cache_update_index + i).
-        cache: `(B, 2, S, N, key_dim)` or None. Projected keys and values
-            per position, KerasHub's `CachedMultiHeadAttention` contract
-            for autoregressive decoding (softmax and linear kernels). SH
-            heads pool the cached keys; a window that reaches past the new
-            tokens is not seen yet, so decoding token by token gives what
-            the full causal forward gives (the rules page, "Caches").
-        cache_update_index: int or int tensor, or None. Where the new keys
-            and values are written into `cache`; None reads it unchanged.
+        use_causal_mask: bool. Query i sees only keys j <= i.
+        cache: `(B, 2, S, N, key_dim)` or None: KerasHub's cached
+            attention contract (the rules page, "Caches").
+        cache_update_index: int or int tensor, or None.
 
     Returns:
         `(B, T, dim_out)`, then the scores if asked, then the updated cache

@@ -148,7 +148,7 @@ def test_api_page_renders_every_layer_from_its_docstring(site_url):
     assert "doc-signature" in page.classes or "highlight" in page.classes
 
 
-def test_guide_page_typesets_the_readme_section(site_url):
+def test_guide_page_renders_its_own_text(site_url):
     page = render(f"{site_url}/guide/masks.html", "guide_masks")
     assert "Masks and causality" in page.joined("h1")
     assert "Causal means causal." in page.joined("strong")
