@@ -27,8 +27,11 @@ def pooled_length(length, factor, num_prefix_tokens=0):
     """p + ceil((S - p) / r): length of the pooled sequence, plus one empty
     window at a symbolic S (`window_sum`)."""
     rest = length - num_prefix_tokens
-    empty = 0 if isinstance(length, int) or factor == 1 else 1
-    return num_prefix_tokens + (rest + factor - 1) // factor + empty
+    if not isinstance(length, int) and factor > 1:
+        # The empty window, in the very expression of `window_sum`'s
+        # slices (JAX's symbolic shapes compare expressions).
+        rest = rest + factor
+    return num_prefix_tokens + (rest + factor - 1) // factor
 
 
 def window_sum(x, factor, num_prefix_tokens=0, axis=1):
