@@ -57,6 +57,7 @@ def test_rules_page_citations_name_its_sections_and_no_spec_file():
     cited = set()
     for path in pathlib.Path(ksa.__file__).parent.rglob("*.py"):
         text = path.read_text()
+        assert "SPEC" not in text, path
         for citation in CITATION.findall(text):
             cited.update(re.findall(r'"([^"]+)"', citation))
     assert len(cited) >= 6, cited

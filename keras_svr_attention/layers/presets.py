@@ -140,12 +140,13 @@ _KERNEL_NAMES = {
 
 
 def _parse(attention):
-    """`(kernel, extras)` of a name: "linear+bn" -> ("linear", ["bn"]);
-    extras may hold anything (checked by `options_for`)."""
+    """`(kernel, extras)` of a name: "linear+bn" -> ("linear", ["bn"]),
+    "bn" -> (None, ["bn"]) (no kernel named: softmax); extras may hold
+    anything (checked by `options_for`)."""
     parts = str(attention).lower().replace("-", "+").split("+")
     if parts[0] in _KERNEL_NAMES:
         return parts[0], parts[1:]
-    return "softmax", parts
+    return None, parts
 
 
 def available():
@@ -172,11 +173,10 @@ def options_for(attention, num_heads, check_only=False, **kwargs):
         {'beta': 1.0, 'head_factors': [1, 1, 2, 2]}
     """
     kernel, extras = _parse(attention)
-    explicit_softmax = str(attention).lower().startswith("softmax")
     if (
         not set(extras) <= {"bn", "sh"}
         or len(set(extras)) != len(extras)
-        or (explicit_softmax and extras)
+        or (kernel == "softmax" and extras)
     ):
         raise ValueError(
             f"`attention` must be one of {available()}. Received: "
@@ -196,7 +196,7 @@ def options_for(attention, num_heads, check_only=False, **kwargs):
         kwargs.setdefault("beta", 1.0)
     if "sh" in extras:
         kwargs.setdefault("head_factors", default_head_factors(num_heads))
-    return {**_KERNEL_NAMES[kernel], **kwargs}
+    return {**_KERNEL_NAMES[kernel or "softmax"], **kwargs}
 
 
 def options_used_by(attention, **options):

@@ -109,10 +109,13 @@ def _layer(mode):
     return svr_layer(kind, MODES[mode])
 
 
-def _model(mode, mask):
+def _model(mode, mask, layer=None):
+    """A model around `_layer(mode)` (or `layer`) on `keras.Input((None,
+    F))`, with the mask kind `mask`, random weights, called once."""
     inputs = keras.Input((None, F))
     x = keras.layers.Masking(0.0)(inputs) if mask == "padding" else inputs
-    y = _layer(mode)(x, x, use_causal_mask=mask == "causal")
+    layer = _layer(mode) if layer is None else layer
+    y = layer(x, x, use_causal_mask=mask == "causal")
     model = keras.Model(inputs, keras.layers.Dense(2)(y))
     random_weights(model, seed=1)
     model(_inputs(7, 2))  # called once: JAX's and torch's exporters ask
@@ -258,10 +261,7 @@ def test_one_head_serves_on_openvino_with_its_fused_kernel(kind, tmp_path):
         if kind == "mha"
         else ksa.SVRAttention(num_heads=1, key_dim=3, beta=0.5)
     )
-    inputs = keras.Input((None, F))
-    model = keras.Model(inputs, keras.layers.Dense(2)(layer(inputs, inputs)))
-    random_weights(model, seed=1)
-    model(_inputs(7, 2))
+    model = _model(None, "none", layer)
     path = os.path.join(tmp_path, FILES["openvino"])
     _export(model, "openvino", path)
     if kind == "mha":

@@ -25,6 +25,8 @@ import keras_svr_attention as ksa
 from tests.testing import BACKEND
 from tests.testing import MODES
 from tests.testing import N
+from tests.testing import S
+from tests.testing import T
 from tests.testing import make_inputs
 from tests.testing import make_masks
 
@@ -51,9 +53,9 @@ def fused_heads(monkeypatch):
     return calls
 
 
-def _call(layer, mask_kind, num_heads):
+def _call(layer, mask_kind):
     query, value, key = make_inputs()
-    _, value_mask, causal = make_masks(mask_kind, query.shape[1], 9)
+    _, value_mask, causal = make_masks(mask_kind, T, S)
     return layer(
         query, value, key, value_mask=value_mask, use_causal_mask=causal
     )
@@ -73,11 +75,11 @@ def test_every_head_group_takes_the_fused_kernel(mode, mask, fused_heads):
     factors = options.get("head_factors", [1] * N)
     heads = len(factors)
     mha = keras.layers.MultiHeadAttention(num_heads=heads, key_dim=3)
-    _call(mha, mask, heads)
+    _call(mha, mask)
     assert fused_heads == [heads], "the control: MHA fuses all its heads"
     fused_heads.clear()
     layer = ksa.SVRAttention(num_heads=heads, key_dim=3, **options)
-    _call(layer, mask, heads)
+    _call(layer, mask)
     assert sorted(fused_heads) == _expected_groups(factors)
 
 
