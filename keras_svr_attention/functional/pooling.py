@@ -152,9 +152,24 @@ def window_ends(num_keys, factor, num_prefix_tokens=0):
         >>> ops.convert_to_numpy(window_ends(7, 2, 1)).tolist()
         [0, 2, 4, 6]
     """
+    pooled = positions(pooled_length(num_keys, factor, num_prefix_tokens))
+    return span_ends(pooled, factor, num_prefix_tokens)
+
+
+def span_ends(index, factor, num_prefix_tokens=0):
+    """The position where the span of pooled key `index` (int tensor) ends:
+    `index` for a prefix token, `p + (w + 1) r - 1` for window w."""
     p = num_prefix_tokens
-    pooled = positions(pooled_length(num_keys, factor, p))
-    return ops.where(pooled < p, pooled, p + (pooled - p + 1) * factor - 1)
+    return ops.where(index < p, index, p + (index - p + 1) * factor - 1)
+
+
+def span_of(position, factor, num_prefix_tokens=0):
+    """The pooled key whose span holds `position` (int tensor): the
+    inverse of `span_ends`, `position` for a prefix token, else
+    `p + (position - p) // r`."""
+    p = num_prefix_tokens
+    rest = ops.floor_divide(ops.maximum(position - p, 0), factor)
+    return ops.where(position < p, position, p + rest)
 
 
 def spread_scores(scores, factor, num_prefix_tokens, counts, valid, length):

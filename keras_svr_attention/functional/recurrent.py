@@ -143,27 +143,16 @@ def linear_recurrence(
 def _group_step(query, key, value, valid, state, factor, options, beta, span):
     """One group of heads sharing `factor`: lay, recenter, recur. `span`
     is `(position of the first new token, how many enter the state)`."""
-    start = span[0]
-    laid_k, laid_v, weights, window = lay_new_tokens(
+    laid, window = lay_new_tokens(
         key, value, valid, state, factor, options.num_prefix_tokens, span
     )
+    laid_k, weights = laid["keys"], laid["weights"]
     new = {name: state[name] for name in state if name.startswith("window")}
     new.update(window)
     if options.uses_bn:
         beta = (options.beta or 0.0) if beta is None else beta
-        names = ("key_count", "key_sum", "key_square")
-        initial = {name: state[name] for name in names if name in state}
-        # The shift is the first pooled key, as in the full forward; no
-        # key has entered the sums before its position.
-        p = options.num_prefix_tokens
-        first = 0 if p or factor == 1 else factor - 1
-        here, last = first - start[0], shape_of(laid_k)[1] - 1
-        inside = ops.logical_and(here >= 0, here <= last)
-        here = ops.minimum(ops.maximum(here, 0), last)
-        first = ops.take(laid_k, here[None], axis=1)[:, 0]
-        initial["shift"] = ops.where(inside, first, state["shift"])
-        mean, variance, sums = statistics.running_moments(
-            laid_k, weights, options.standardize, initial
+        mean, variance, sums = prefix_moments(
+            laid_k, weights, state, factor, options, span[0]
         )
         new.update(sums)
         query, laid_k = (
@@ -174,12 +163,36 @@ def _group_step(query, key, value, valid, state, factor, options, beta, span):
     phi_k = kernels.elu_feature_map(ops.cast(laid_k, "float32"))
     phi_k = phi_k * ops.expand_dims(weights, (2, 3))
     num, den, (kv, z) = kernels.causal_linear_attention(
-        phi_q, phi_k, laid_v, (state["kv"], state["z"]), options.chunk_size
-    )
+        phi_q, phi_k, laid["values"], (state["kv"], state["z"]),
+        options.chunk_size,
+    )  # fmt: skip
     new.update(kv=kv, z=z)
     return kernels.divide_rows(num, den), new
 
 
+def prefix_moments(laid_keys, weights, state, factor, options, start):
+    """mu_t (and sigma_t^2) over the keys laid at positions <= t, from the
+    state's running sums: `statistics.running_moments` with the state's
+    `key_count`, `key_sum`, `key_square` and `shift`.
+
+    The shift is the group's first pooled key, as in the full forward; no
+    key has entered the sums before its position. Returns `(mean,
+    variance or None, the sums after the last laid key)`.
+    """
+    names = ("key_count", "key_sum", "key_square")
+    initial = {name: state[name] for name in names if name in state}
+    first = 0 if options.num_prefix_tokens or factor == 1 else factor - 1
+    here, last = first - start[0], shape_of(laid_keys)[1] - 1
+    inside = ops.logical_and(here >= 0, here <= last)
+    here = ops.minimum(ops.maximum(here, 0), last)
+    first = ops.take(laid_keys, here[None], axis=1)[:, 0]
+    initial["shift"] = ops.where(inside, first, state["shift"])
+    return statistics.running_moments(
+        laid_keys, weights, options.standardize, initial
+    )
+
+
+# Long: one pass of window sums over counts, keys, values and first tokens.
 def lay_new_tokens(key, value, valid, state, factor, num_prefix_tokens, span):
     """The group's keys and values of the new tokens, laid on positions.
 
@@ -195,9 +208,11 @@ def lay_new_tokens(key, value, valid, state, factor, num_prefix_tokens, span):
             or int scalar tensor); the later ones have weight 0 in `valid`.
 
     Returns:
-        `(keys, values, weights (B|1, T) float32, window)`: `window` the
-        open window's sums after the last token taken (empty when
-        unpooled).
+        `(laid, window)`: `laid` holds `keys`, `values` and `weights`
+        `(B|1, T)` float32, and, when `state` has `window_first`, `first`
+        `(B, T)` float32, the position of the first valid token of the
+        span that ends at each position; `window` the open window's sums
+        after the last token taken (empty when unpooled).
     """
     start, taken = span
     key, value = ops.cast(key, "float32"), ops.cast(value, "float32")
@@ -206,7 +221,7 @@ def lay_new_tokens(key, value, valid, state, factor, num_prefix_tokens, span):
     if valid is not None:
         weights = ops.cast(valid, "float32")
     if factor == 1:
-        return key, value, weights, {}
+        return {"keys": key, "values": value, "weights": weights}, {}
     local = positions(length)
     rel = start + local - num_prefix_tokens  # (T,) position - p
     prefix = rel < 0
@@ -215,48 +230,62 @@ def lay_new_tokens(key, value, valid, state, factor, num_prefix_tokens, span):
     begin = local - into  # the window's first token, < 0: an earlier call
     earlier = ops.cast(begin < 0, "float32")
     index = ops.maximum(begin, 0)
-    sums = []
-    for x, name in (
-        (weights, "window_count"),
-        (key * ops.expand_dims(weights, (2, 3)), "window_keys"),
-        (value * ops.expand_dims(weights, (2, 3)), "window_values"),
-    ):
+
+    def window_sum(x, name):
         total = zero_pad(ops.cumsum(x, axis=1), 1, before=1)
         window = total[:, 1:] - ops.take(total, index, axis=1)
         pending = state[name]  # (B, n, ...): the open window's sums
-        if name == "window_count":
+        if name in ("window_count", "window_first"):
             pending = pending[:, 0]  # every head of the group counts alike
         shape = (1, -1) + (1,) * (len(window.shape) - 2)
-        window = window + ops.reshape(earlier, shape) * pending[:, None]
-        sums.append(window)
-    count, key_sum, value_sum = sums
+        return window + ops.reshape(earlier, shape) * pending[:, None]
+
+    sums = {
+        "window_count": window_sum(weights, "window_count"),
+        "window_keys": window_sum(
+            key * ops.expand_dims(weights, (2, 3)), "window_keys"
+        ),
+        "window_values": window_sum(
+            value * ops.expand_dims(weights, (2, 3)), "window_values"
+        ),
+    }
+    count = sums["window_count"]
+    here = ops.cast(start + local, "float32")[None]
+    if "window_first" in state:
+        # A window's first valid token: valid, none counted before it.
+        is_first = weights * ops.cast(count - weights == 0, "float32")
+        sums["window_first"] = window_sum(is_first * here, "window_first")
     divisor = ops.expand_dims(ops.maximum(count, 1.0), (2, 3))
     flags = (1, -1, 1, 1)
-    laid_k = ops.where(ops.reshape(prefix, flags), key, key_sum / divisor)
-    laid_v = ops.where(ops.reshape(prefix, flags), value, value_sum / divisor)
+    laid = {
+        "keys": ops.where(
+            ops.reshape(prefix, flags), key, sums["window_keys"] / divisor
+        ),
+        "values": ops.where(
+            ops.reshape(prefix, flags), value, sums["window_values"] / divisor
+        ),
+    }
+    if "window_first" in state:
+        laid["first"] = ops.where(prefix[None], here, sums["window_first"])
     # A window enters at its end, if it holds a token and is taken.
     enters = ops.logical_and(ends, local < taken)[None]
     pooled = ops.cast(ops.logical_and(enters, count > 0), "float32")
-    weights = ops.where(prefix[None], weights, pooled)
+    laid["weights"] = ops.where(prefix[None], weights, pooled)
     # The window left open after the last token taken (none if it just
     # ended); the state's own when no token is taken.
     last = ops.maximum(taken - 1, 0)
     closed = ops.logical_or(ends, prefix)
-    at_last = [ops.take(x, last[None], axis=1)[:, 0] for x in sums]
     still_open = ops.cast(
         ops.logical_not(ops.take(closed, last[None], axis=0)[0]), "float32"
     )
     heads = key.shape[2]
-    window = {
-        "window_count": ops.repeat(at_last[0][:, None], heads, axis=1),
-        "window_keys": at_last[1],
-        "window_values": at_last[2],
-    }
-    window = {
-        name: ops.where(taken > 0, t * still_open, state[name])
-        for name, t in window.items()
-    }
-    return laid_k, laid_v, weights, window
+    window = {}
+    for name, total in sums.items():
+        at_last = ops.take(total, last[None], axis=1)[:, 0]
+        if len(at_last.shape) == 1:  # (B,): one per head of the group
+            at_last = ops.repeat(at_last[:, None], heads, axis=1)
+        window[name] = ops.where(taken > 0, at_last * still_open, state[name])
+    return laid, window
 
 
 def pack_state(state):

@@ -174,14 +174,23 @@ def recenter_query(
         mask = masks_lib.merge_masks(mask, causal[:, None])
     moments = key_moments(key, mask, with_variance=options.standardize)
     mean, variance = moments if options.standardize else (moments, None)
-    dtype = accumulation_dtype(query.dtype)
-    shifted = ops.cast(query, dtype) - ops.cast(beta, dtype) * mean
-    if variance is not None:
-        shifted = shifted / (variance + options.epsilon)
+    shifted = shift_query(query, mean, variance, beta, options.epsilon)
     if with_offset:
+        dtype = shifted.dtype
         offset = ops.sum(shifted * ops.cast(beta, dtype) * mean, axis=-1)
         return ops.cast(shifted, query.dtype), offset
     return ops.cast(shifted, query.dtype)
+
+
+def shift_query(query, mean, variance, beta, epsilon):
+    """(q_i - b mu_i) [/ (sigma_i^2 + epsilon)]: the softmax kernel's
+    recentered query (`recenter_query`), from moments computed elsewhere
+    (a decoding state's running sums). In float32 (float64 for float64)."""
+    dtype = accumulation_dtype(query.dtype)
+    shifted = ops.cast(query, dtype) - ops.cast(beta, dtype) * mean
+    if variance is not None:
+        shifted = shifted / (variance + epsilon)
+    return shifted
 
 
 def recenter_linear(query, key, beta, options, key_weights=None, causal=None):

@@ -5,7 +5,9 @@ import keras
 from keras import ops
 
 from keras_svr_attention.functional import attention
+from keras_svr_attention.functional import decoding
 from keras_svr_attention.functional import masks as masks_lib
+from keras_svr_attention.functional import options as options_lib
 from keras_svr_attention.functional import recurrent
 from keras_svr_attention.functional import visibility
 from keras_svr_attention.functional._tensors import shape_of
@@ -96,18 +98,136 @@ class SVRLayer:
             query, key, value, plan, attend, return_scores, transform_key
         )
 
-    def _linear_recurrence(
+    def get_initial_state(self, batch_size, max_length=None, packed=False):
+        """The decoding state before any token: causal decoding as a Keras
+        RNN cell decodes.
+
+        `state = layer.get_initial_state(batch_size, max_length=...)`,
+        then `y, state = layer(x, x, cache=state, use_causal_mask=True)`
+        for a prompt of any length, then one token at a time or in pieces.
+        The state is a dict of fixed shapes (`ops.while_loop`, `ops.scan`
+        and `jit_compile` carry it), and the outputs equal the full causal
+        forward's (the rules page, "Decoding state"):
+
+        - softmax modes: per group of heads that share a head factor r,
+          the keys and values of its completed windows, about
+          max_length / r slots (`functional.decoding`), with Attention-BN's
+          running sums;
+        - `kernel="linear"`: the recurrent state, whose size does not grow
+          with the tokens (`functional.recurrent`).
+
+        Args:
+            batch_size: int.
+            max_length: int. The longest sequence the state will hold;
+                needed by the softmax modes, ignored by the linear kernel.
+            packed: bool. The linear state as one tensor
+                `(B, 2, R, num_heads, key_dim)`
+                (`functional.recurrent.pack_state`), for a layer built with
+                `state_cache=True`.
+
+        Returns:
+            A dict of tensors, or the linear state packed.
+
+        Examples:
+            >>> layer = SVRAttention(num_heads=2, key_dim=8,
+            ...                      head_factors=[1, 4])
+            >>> x = keras.random.normal((1, 5, 16), seed=0)
+            >>> state = layer.get_initial_state(1, max_length=32)
+            >>> y, state = layer(x, x, cache=state, use_causal_mask=True)
+            >>> tuple(state["r4/keys"].shape)
+            (1, 8, 1, 8)
+        """
+        options = self.options
+        problem = None
+        if options.conv_kernel_size:
+            problem = (
+                "no `conv_kernel_size`: the convolution of a key needs the "
+                "tokens after it. Received: "
+                f"conv_kernel_size={options.conv_kernel_size!r}"
+            )
+        elif options.sparsity:
+            problem = (
+                "no `sparsity`: decode a sparse pattern with a key/value "
+                "cache of shape (B, 2, S, num_heads, key_dim) and "
+                f"`cache_update_index`. Received: sparsity={options.sparsity!r}"
+            )
+        elif options.kernel == "softmax" and packed:
+            problem = (
+                "kernel='linear' for `packed=True`: a softmax state is a "
+                "dict of differently shaped caches. Received: packed=True"
+            )
+        elif options.kernel == "softmax" and not (
+            options_lib.is_int(max_length) and max_length > 0
+        ):
+            problem = (
+                "`max_length`, a positive int, under kernel='softmax': the "
+                "cache holds positions. Received: "
+                f"max_length={max_length!r}"
+            )
+        if problem:
+            raise ValueError(f"`get_initial_state` needs {problem}")
+        key_dim, value_dim = self._head_dims()
+        if options.kernel == "linear":
+            state = recurrent.initial_state(
+                self._plan_options, batch_size, key_dim, value_dim
+            )
+            return recurrent.pack_state(state) if packed else state
+        return decoding.initial_state(
+            options, batch_size, int(max_length), key_dim, value_dim,
+            self.compute_dtype,
+        )  # fmt: skip
+
+    def _check_state_call(
+        self, query, value, attention_mask, return_scores, causal, index
+    ):
+        """A call with a decoding state: what it needs, or a ValueError."""
+        problem = None
+        if not causal:
+            problem = "`use_causal_mask=True` (the state is causal)"
+        elif index is not None:
+            problem = "no `cache_update_index` (the state holds its position)"
+        elif attention_mask is not None:
+            problem = "no `attention_mask` (pass padding as `value_mask`)"
+        elif return_scores:
+            problem = "no `return_attention_scores` (a state pools its keys)"
+        elif query.shape[1] != value.shape[1]:
+            problem = "`query` and `value` of the same new tokens"
+        if problem:
+            raise ValueError(
+                f"A decoding state as `cache` needs {problem}. Received: "
+                f"use_causal_mask={causal}, cache_update_index={index!r}, "
+                f"attention_mask="
+                f"{None if attention_mask is None else 'given'}, "
+                f"return_attention_scores={return_scores}, "
+                f"query.shape={tuple(query.shape)}, "
+                f"value.shape={tuple(value.shape)}"
+            )
+        self.get_initial_state(1, max_length=1)  # raises its refusals
+
+    def _decode_state(
         self, query, key, value, query_mask, key_padding, state, limit=None
     ):
-        """The linear kernel from a recurrent state: projected heads of
-        the new tokens -> `(output (B, T, N, Dv), new state)`
-        (`functional.recurrent.linear_recurrence`, `limit` its own);
-        padded queries output zeros."""
+        """Causal attention of the new tokens from a decoding state:
+        projected heads -> `(output (B, T, N, Dv), new state)`
+        (`functional.decoding.decode`, or for the linear kernel
+        `functional.recurrent.linear_recurrence`, `limit` its own); padded
+        queries output zeros."""
         beta = self.beta_weight if self.options.learn_beta else None
-        output, state = recurrent.linear_recurrence(
-            query, key, value, state, self._plan_options, beta, key_padding,
-            limit,
-        )  # fmt: skip
+        if self.options.kernel == "linear":
+            repeats = query.shape[2] // key.shape[2]
+            if repeats > 1:  # the linear state is kept per query head
+                key, value = (
+                    ops.repeat(x, repeats, axis=2) for x in (key, value)
+                )
+            output, state = recurrent.linear_recurrence(
+                query, key, value, state, self._plan_options, beta,
+                key_padding, limit,
+            )  # fmt: skip
+        else:
+            output, state = decoding.decode(
+                query, key, value, state, self.options, beta, key_padding,
+                getattr(self, self._SCALE), self._flash_attention,
+            )  # fmt: skip
         if query_mask is not None:
             valid = ops.expand_dims(ops.cast(query_mask, "bool"), (2, 3))
             output = ops.where(valid, output, ops.zeros_like(output))

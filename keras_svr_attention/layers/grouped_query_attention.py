@@ -118,6 +118,7 @@ class SVRGroupedQueryAttention(
         return_attention_scores=False,
         training=None,
         use_causal_mask=False,
+        cache=None,
     ):
         self._return_attention_scores = return_attention_scores
         query, value, key, query_mask, key_padding = common.input_masks(
@@ -125,16 +126,38 @@ class SVRGroupedQueryAttention(
         )
         gate = self._gate_dense(query) if self.use_gate else None
         query = self._query_dense(query)
-        key = ops.repeat(self._key_dense(key), self.num_repeats, axis=2)
-        value = ops.repeat(self._value_dense(value), self.num_repeats, axis=2)
-        output, scores = self._svr_attention(
-            query, key, value, query_mask, key_padding, attention_mask,
-            use_causal_mask, training, return_attention_scores,
-        )  # fmt: skip
+        key, value = self._key_dense(key), self._value_dense(value)
+        if cache is not None:
+            if not isinstance(cache, dict):
+                raise ValueError(
+                    "`cache` must be a decoding state, the dict of "
+                    "`get_initial_state(batch_size, max_length)`. Received: "
+                    f"cache of type {type(cache).__name__}"
+                )
+            self._check_state_call(
+                query, value, attention_mask, return_attention_scores,
+                use_causal_mask, None,
+            )  # fmt: skip
+            output, cache = self._decode_state(
+                query, key, value, query_mask, key_padding, cache
+            )
+        else:
+            key, value = (
+                ops.repeat(x, self.num_repeats, axis=2) for x in (key, value)
+            )
+            output, scores = self._svr_attention(
+                query, key, value, query_mask, key_padding, attention_mask,
+                use_causal_mask, training, return_attention_scores,
+            )  # fmt: skip
         if gate is not None:
             output = ops.multiply(output, gate)
         output = self._output_dense(output)
+        if cache is not None:
+            return output, cache
         return (output, scores) if return_attention_scores else output
+
+    def _head_dims(self):
+        return self.head_dim, self.head_dim
 
     def get_config(self):
         config = self.options.get_config()

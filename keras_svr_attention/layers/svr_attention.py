@@ -311,9 +311,9 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
         self, query, key, value, gate, query_mask, key_padding,
         attention_mask, return_scores, causal, state, index,
     ):  # fmt: skip
-        """`call` with a recurrent state as `cache` (`get_initial_state`),
-        a dict or packed (`state_cache`): projected query, raw key and
-        value -> `(output, new state)`."""
+        """`call` with a decoding state as `cache` (`get_initial_state`),
+        a dict, or packed (`state_cache`, the linear kernel's): projected
+        query, raw key and value -> `(output, new state)`."""
         packed = not isinstance(state, dict)
         if packed:  # causal LM plumbing: its mask and index are not read
             attention_mask, causal, index = None, True, None
@@ -321,7 +321,7 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
         self._check_state_call(
             query, value, attention_mask, return_scores, causal, index
         )
-        output, state = self._linear_recurrence(
+        output, state = self._decode_state(
             query, self._key_dense(key), self._value_dense(value),
             query_mask, key_padding, state,
             getattr(self, "_prefill_limit", None),
@@ -332,82 +332,8 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
             state = recurrent.pack_state(state)
         return self._output_dense(output), state
 
-    def get_initial_state(self, batch_size, packed=False):
-        """The recurrent state before any token (`kernel="linear"`).
-
-        Decoding as a Keras RNN cell does: `state =
-        layer.get_initial_state(batch_size)`, then `y, state = layer(x, x,
-        cache=state, use_causal_mask=True)` for a prompt of any length or
-        one token at a time. The state's shapes do not grow with the
-        tokens seen (`functional.recurrent.initial_state`); the outputs
-        equal the full causal forward's.
-
-        Args:
-            batch_size: int.
-            packed: bool. One tensor `(B, 2, R, num_heads, key_dim)`
-                (`functional.recurrent.pack_state`), for a layer built with
-                `state_cache=True`.
-
-        Returns:
-            A dict of tensors (`functional.recurrent.initial_state`), or
-            its packed tensor.
-
-        Examples:
-            >>> layer = SVRAttention(num_heads=2, key_dim=8, kernel="linear")
-            >>> x = keras.random.normal((1, 5, 16), seed=0)
-            >>> state = layer.get_initial_state(1)
-            >>> y, state = layer(x, x, cache=state, use_causal_mask=True)
-            >>> tuple(state["kv"].shape)
-            (1, 2, 8, 8)
-        """
-        if self.options.kernel != "linear":
-            raise ValueError(
-                "`get_initial_state` needs kernel='linear': softmax "
-                "attention has no state of fixed size. Decode with a "
-                "key/value cache of shape (B, 2, S, num_heads, key_dim) and "
-                "`cache_update_index` instead (KerasHub's "
-                "CachedMultiHeadAttention contract). Received: "
-                f"kernel={self.options.kernel!r}"
-            )
-        if self.options.conv_kernel_size:
-            raise ValueError(
-                "`get_initial_state` needs no `conv_kernel_size`: the "
-                "convolution of a key needs the tokens after it. Received: "
-                f"conv_kernel_size={self.options.conv_kernel_size!r}"
-            )
-        state = recurrent.initial_state(
-            self.options, batch_size, self._key_dim,
-            self._value_dim or self._key_dim,
-        )  # fmt: skip
-        return recurrent.pack_state(state) if packed else state
-
-    def _check_state_call(
-        self, query, value, attention_mask, return_scores, causal, index
-    ):
-        """A call with a recurrent state: what it needs, or a ValueError."""
-        problem = None
-        if not causal:
-            problem = "`use_causal_mask=True` (the state is causal)"
-        elif index is not None:
-            problem = "no `cache_update_index` (the state holds its position)"
-        elif attention_mask is not None:
-            problem = "no `attention_mask` (pass padding as `value_mask`)"
-        elif return_scores:
-            problem = "no `return_attention_scores` (no key is kept)"
-        elif query.shape[1] != value.shape[1]:
-            problem = "`query` and `value` of the same new tokens"
-        if problem:
-            raise ValueError(
-                f"A recurrent state as `cache` needs {problem}. Received: "
-                f"use_causal_mask={causal}, cache_update_index={index!r}, "
-                f"attention_mask="
-                f"{None if attention_mask is None else 'given'}, "
-                f"return_attention_scores={return_scores}, "
-                f"query.shape={tuple(query.shape)}, "
-                f"value.shape={tuple(value.shape)}"
-            )
-        if self.options.conv_kernel_size or self.options.kernel != "linear":
-            self.get_initial_state(1)  # raises its error
+    def _head_dims(self):
+        return self._key_dim, self._value_dim or self._key_dim
 
     def _cached(self, cache, index, key, value, key_padding):
         """KerasHub's `CachedMultiHeadAttention` contract.

@@ -1,0 +1,303 @@
+"""Causal softmax decoding from a state of fixed shapes: each group of heads
+keeps the smallest exact cache its math allows (the rules page, "Decoding
+state").
+
+A head pooled by r only ever reads completed windows: under causality
+query t sees window w once its whole span has ended (the rules page,
+"Causal windows"). Its state, per group of heads that share r, holds:
+
+- `keys`, `values` `(B, C, n, D)`: the keys and values laid so far, one
+  slot per pooled key (prefix token j in slot j, window w in slot p + w);
+  C is `capacity(max_length, r, p)`, about p + (max_length - p) / r;
+- `valid` `(B, C)`: whether a slot holds a key (a window with a valid
+  token, a valid prefix token);
+- `window_keys`, `window_values`, `window_count` (r > 1): the sums of the
+  window still open, as the linear state keeps them
+  (`recurrent.lay_new_tokens`);
+- with a sliding window and r > 1, `first` `(B, C)` and `window_first`:
+  the position of each window's first valid token, which says whether
+  the band covers the whole window;
+- under Attention-BN without a sliding window, `shift`, `key_count`,
+  `key_sum` (and `key_square`): the running sums behind mu_t over the
+  keys query t sees, so that a step does not reduce over the cache again.
+  Under a sliding window mu_t is over the band's keys, reduced from the
+  cache as the full forward does.
+
+An unpooled group is a key/value cache of `max_length` slots. A call with
+T new tokens at positions `position .. position + T - 1` lays them on
+positions, writes the slots whose span ends in the call with one
+`slice_update`, and attends over the slots with the causal rule. Its
+outputs equal the full causal forward's at the same positions.
+
+Grouped-query attention keeps one state per key/value head: the query
+heads of a key/value head attend to its slots as extra query rows, so no
+slot is repeated.
+"""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_svr_attention.functional import kernels
+from keras_svr_attention.functional import pooling
+from keras_svr_attention.functional import recurrent
+from keras_svr_attention.functional import statistics
+from keras_svr_attention.functional import visibility
+from keras_svr_attention.functional._tensors import positions
+
+
+def head_groups(options):
+    """`[(factor, heads)]`: the heads of each distinct factor, in order of
+    first appearance (as `visibility.plan_head_groups` groups them)."""
+    groups = {}
+    for head, factor in enumerate(options.head_factors):
+        groups.setdefault(factor, []).append(head)
+    return list(groups.items())
+
+
+def capacity(max_length, factor, num_prefix_tokens=0):
+    """Slots of a group's cache: `max_length` unpooled; pooled by r,
+    p + ceil((max_length - p) / r), plus 2 p spare slots that a call's
+    write may reach past the last window (p = 0: none)."""
+    if factor == 1:
+        return max_length
+    p = num_prefix_tokens
+    return 3 * p + math.ceil(max(max_length - p, 0) / factor)
+
+
+def _new_slots(num_new, factor, num_prefix_tokens):
+    """How many slots a call of `num_new` tokens may write, at most."""
+    if factor == 1:
+        return num_new
+    return min(num_new, num_prefix_tokens) + math.ceil(num_new / factor)
+
+
+def initial_state(options, batch_size, max_length, key_dim, value_dim, dtype):
+    """The state before any token: a dict of zeros (the module docstring).
+
+    Args:
+        options: `SVROptions`, one head factor per key/value head.
+        batch_size: int.
+        max_length: int. The longest sequence the state will hold.
+        key_dim, value_dim: ints, the head dimensions.
+        dtype: the dtype of the cached keys and values (the layer's
+            compute dtype); sums are float32.
+
+    Returns:
+        `{"position": (B,) int32, "r<factor>/<entry>": ...}`.
+    """
+    p = options.num_prefix_tokens
+    state = {"position": ops.zeros((batch_size,), "int32")}
+    for factor, heads in head_groups(options):
+        size = capacity(max_length, factor, p)
+        n = len(heads)
+        shapes = {
+            "keys": ((size, n, key_dim), dtype),
+            "values": ((size, n, value_dim), dtype),
+            "valid": ((size,), "bool"),
+        }
+        if factor > 1:
+            shapes.update(
+                window_keys=((n, key_dim), "float32"),
+                window_values=((n, value_dim), "float32"),
+                window_count=((n,), "float32"),
+            )
+            if options.sliding_window is not None:
+                shapes["first"] = ((size,), "int32")
+                shapes["window_first"] = ((n,), "float32")
+        if options.uses_bn and options.sliding_window is None:
+            shapes.update(
+                shift=((n, key_dim), "float32"),
+                key_count=((n,), "float32"),
+                key_sum=((n, key_dim), "float32"),
+            )
+            if options.standardize:
+                shapes["key_square"] = ((n, key_dim), "float32")
+        for name, (shape, entry_dtype) in shapes.items():
+            state[f"r{factor}/{name}"] = ops.zeros(
+                (batch_size, *shape), entry_dtype
+            )
+    return state
+
+
+def state_bytes(state):
+    """The bytes a state carries."""
+    return sum(
+        math.prod(tensor.shape) * _itemsize(tensor.dtype)
+        for tensor in state.values()
+    )
+
+
+def _itemsize(dtype):
+    dtype = str(dtype).split(".")[-1]
+    return {"bool": 1, "float16": 2, "bfloat16": 2, "float64": 8}.get(dtype, 4)
+
+
+def decode(
+    query, key, value, state, options, beta=None, valid=None, scale=None,
+    flash_attention=None,
+):  # fmt: skip
+    """Causal softmax attention of T new tokens from `state`.
+
+    Args:
+        query: `(B, T, N, D)`, the projected query heads; N is a multiple
+            of the K key/value heads (grouped-query attention: query head
+            u reads key/value head u // (N / K)).
+        key: `(B, T, K, D)`. value: `(B, T, K, Dv)`.
+        state: `initial_state(...)` or a state this returned.
+        options: `SVROptions` with one head factor per key/value head.
+        beta: b, a float or scalar tensor, or None for `options.beta`.
+        valid: `(B, T)` boolean key padding of the new tokens, or None.
+        scale: float, the logits' scale (default 1 / sqrt(D)).
+        flash_attention: passed to `keras.ops.dot_product_attention`.
+
+    Returns:
+        `(output (B, T, N, Dv) in value.dtype, new state)`.
+    """
+    num_kv_heads, num_heads = key.shape[2], query.shape[2]
+    repeats = num_heads // num_kv_heads
+    if options.uses_bn:
+        beta = (options.beta or 0.0) if beta is None else beta
+    call = (state["position"][:1], beta, scale, flash_attention, repeats)
+    outputs, new_state, order = [], {}, []
+    for factor, heads in head_groups(options):
+        tag = f"r{factor}/"
+        group = {
+            name[len(tag) :]: tensor
+            for name, tensor in state.items()
+            if name.startswith(tag)
+        }
+        query_heads = [h * repeats + m for h in heads for m in range(repeats)]
+        q = visibility.select_heads(query, query_heads, num_heads, 2)
+        k, v = (
+            visibility.select_heads(x, heads, num_kv_heads, 2)
+            for x in (key, value)
+        )
+        out, group = _group_step(q, k, v, valid, group, factor, options, call)
+        outputs.append(out)
+        new_state.update({tag + name: t for name, t in group.items()})
+        order += query_heads
+    inverse = [order.index(h) for h in range(num_heads)]
+    output = outputs[0] if len(outputs) == 1 else ops.concatenate(outputs, 2)
+    output = visibility.select_heads(output, inverse, num_heads, 2)
+    new_state["position"] = state["position"] + query.shape[1]
+    return ops.cast(output, value.dtype), new_state
+
+
+def _group_step(query, key, value, valid, state, factor, options, call):
+    """One group of key/value heads sharing `factor`: lay the new tokens,
+    write the slots that end in this call, attend over the slots.
+    `call` is `(start (1,), beta, scale, flash_attention, repeats)`."""
+    start, beta, scale, flash_attention, repeats = call
+    num_new = query.shape[1]
+    p = options.num_prefix_tokens
+    laid, window = recurrent.lay_new_tokens(
+        key, value, valid, state, factor, p, (start, num_new)
+    )
+    new = dict(state, **window)
+    new.update(_write(state, laid, factor, p, start[0], num_new))
+    num_slots = new["keys"].shape[1]
+    rows = start[0] + positions(num_new)  # (T,) positions of the queries
+    ends = pooling.span_ends(positions(num_slots), factor, p)
+    mask = ops.logical_and(
+        (ends[None, :] <= rows[:, None])[None], new["valid"][:, None, :]
+    )  # (B, T, C)
+    if options.sliding_window is not None:
+        first = new["first"] if factor > 1 else ends[None]
+        band = (
+            first[:, None, :] > (rows - options.sliding_window)[None, :, None]
+        )
+        mask = ops.logical_and(mask, band)
+    keys, values = new["keys"], new["values"]
+    if options.uses_bn:
+        if options.sliding_window is None:
+            mean, variance, sums = recurrent.prefix_moments(
+                laid["keys"], laid["weights"], state, factor, options, start
+            )
+            new.update(sums)
+        else:
+            moments = statistics.key_moments(
+                keys, mask[:, None], options.standardize
+            )
+            mean, variance = moments if options.standardize else (moments, None)
+        if repeats > 1:
+            mean, variance = (
+                None if m is None else ops.repeat(m, repeats, axis=2)
+                for m in (mean, variance)
+            )
+        query = statistics.shift_query(
+            query, mean, variance, beta, options.epsilon
+        )
+        dtype = keras.backend.standardize_dtype(keys.dtype)
+        if options.standardize and dtype == "float16":
+            # q / sigma^2 may overflow float16: attend in float32.
+            keys, values = (ops.cast(x, "float32") for x in (keys, values))
+        else:
+            query = ops.cast(query, dtype)
+    out = _attend(query, keys, values, mask, repeats, scale, flash_attention)
+    return out, new
+
+
+def _write(state, laid, factor, p, start, num_new):
+    """The slots of the keys whose span ends among the new tokens, written
+    with one `slice_update` from the slot of position `start`."""
+    count = _new_slots(num_new, factor, p)
+    first_slot = pooling.span_of(start, factor, p)
+    if factor == 1:
+        block = {name: laid[name] for name in ("keys", "values", "weights")}
+    else:
+        slots = first_slot + positions(count)
+        local = pooling.span_ends(slots, factor, p) - start
+        inside = ops.cast(
+            ops.logical_and(local >= 0, local < num_new), "float32"
+        )
+        index = ops.clip(local, 0, num_new - 1)
+        block = {
+            name: ops.take(laid[name], index, axis=1)
+            for name in ("keys", "values", "weights", "first")
+            if name in laid
+        }
+        block["weights"] = block["weights"] * inside[None]
+    batch = ops.shape(state["valid"])[0]
+    written = {
+        "keys": block["keys"],
+        "values": block["values"],
+        "valid": ops.broadcast_to(block["weights"] > 0, (batch, count)),
+    }
+    if "first" in state:
+        written["first"] = ops.cast(ops.round(block["first"]), "int32")
+    new = {}
+    for name, tensor in written.items():
+        target = state[name]
+        at = [0, first_slot] + [0] * (len(target.shape) - 2)
+        new[name] = ops.slice_update(target, at, ops.cast(tensor, target.dtype))
+    return new
+
+
+def _attend(query, keys, values, mask, repeats, scale, flash_attention):
+    """Softmax attention of the group's query heads over its slots; the
+    `repeats` query heads of a key/value head become query rows."""
+    batch, num_new, num_heads, dim = query.shape
+    if repeats > 1:  # (B, T, n r, D) -> (B, T r, n, D), rows t r + m
+        query = ops.reshape(
+            query, (-1, num_new, num_heads // repeats, repeats, dim)
+        )
+        query = ops.reshape(
+            ops.transpose(query, (0, 1, 3, 2, 4)),
+            (-1, num_new * repeats, num_heads // repeats, dim),
+        )
+        mask = ops.repeat(mask, repeats, axis=1)
+    out, _ = kernels.softmax_attention(
+        query, keys, values, mask[:, None], scale=scale,
+        flash_attention=flash_attention,
+    )  # fmt: skip
+    if repeats > 1:
+        out = ops.reshape(
+            out, (-1, num_new, repeats, num_heads // repeats, out.shape[-1])
+        )
+        out = ops.reshape(
+            ops.transpose(out, (0, 1, 3, 2, 4)),
+            (-1, num_new, num_heads, out.shape[-1]),
+        )
+    return out
