@@ -45,6 +45,7 @@ from keras_svr_attention.functional import recurrent
 from keras_svr_attention.functional import statistics
 from keras_svr_attention.functional import visibility
 from keras_svr_attention.functional._tensors import positions
+from keras_svr_attention.functional._tensors import shape_of
 
 
 def head_groups(options):
@@ -67,10 +68,14 @@ def capacity(max_length, factor, num_prefix_tokens=0):
 
 
 def _new_slots(num_new, factor, num_prefix_tokens):
-    """How many slots a call of `num_new` tokens may write, at most."""
+    """How many slots a call of `num_new` tokens (an int, or a scalar
+    tensor at a symbolic length) may write, at most."""
     if factor == 1:
         return num_new
-    return min(num_new, num_prefix_tokens) + math.ceil(num_new / factor)
+    if isinstance(num_new, int):
+        return min(num_new, num_prefix_tokens) + math.ceil(num_new / factor)
+    windows = ops.floor_divide(num_new + factor - 1, factor)
+    return ops.minimum(num_new, num_prefix_tokens) + windows
 
 
 def initial_state(options, batch_size, max_length, key_dim, value_dim, dtype):
@@ -85,7 +90,7 @@ def initial_state(options, batch_size, max_length, key_dim, value_dim, dtype):
             compute dtype); sums are float32.
 
     Returns:
-        `{"position": (B,) int32, "r<factor>/<entry>": ...}`.
+        `{"position": (B,) int32, "r<factor>_<entry>": ...}`.
     """
     p = options.num_prefix_tokens
     state = {"position": ops.zeros((batch_size,), "int32")}
@@ -101,21 +106,21 @@ def initial_state(options, batch_size, max_length, key_dim, value_dim, dtype):
             shapes.update(
                 window_keys=((n, key_dim), "float32"),
                 window_values=((n, value_dim), "float32"),
-                window_count=((n,), "float32"),
+                window_count=((n,), "int32"),
             )
             if options.sliding_window is not None:
                 shapes["first"] = ((size,), "int32")
-                shapes["window_first"] = ((n,), "float32")
+                shapes["window_first"] = ((n,), "int32")
         if options.uses_bn and options.sliding_window is None:
             shapes.update(
                 shift=((n, key_dim), "float32"),
-                key_count=((n,), "float32"),
+                key_count=((n,), "int32"),
                 key_sum=((n, key_dim), "float32"),
             )
             if options.standardize:
                 shapes["key_square"] = ((n, key_dim), "float32")
         for name, (shape, entry_dtype) in shapes.items():
-            state[f"r{factor}/{name}"] = ops.zeros(
+            state[f"r{factor}_{name}"] = ops.zeros(
                 (batch_size, *shape), entry_dtype
             )
     return state
@@ -162,9 +167,9 @@ def decode(
     call = (state["position"][:1], beta, scale, flash_attention, repeats)
     outputs, new_state, order = [], {}, []
     for factor, heads in head_groups(options):
-        tag = f"r{factor}/"
+        tag = f"r{factor}_"
         group = {
-            name[len(tag) :]: tensor
+            name[len(tag) :]: _inside(name[len(tag) :], tensor)
             for name, tensor in state.items()
             if name.startswith(tag)
         }
@@ -176,13 +181,36 @@ def decode(
         )
         out, group = _group_step(q, k, v, valid, group, factor, options, call)
         outputs.append(out)
-        new_state.update({tag + name: t for name, t in group.items()})
+        new_state.update(
+            {tag + name: _outside(name, t) for name, t in group.items()}
+        )
         order += query_heads
     inverse = [order.index(h) for h in range(num_heads)]
     output = outputs[0] if len(outputs) == 1 else ops.concatenate(outputs, 2)
     output = visibility.select_heads(output, inverse, num_heads, 2)
-    new_state["position"] = state["position"] + query.shape[1]
+    new_state["position"] = state["position"] + shape_of(query)[1]
     return ops.cast(output, value.dtype), new_state
+
+
+_COUNTS = ("window_count", "key_count", "window_first")
+"""Entries kept as int32: exact at any length and left alone by a Keras
+layer's autocast of floating inputs to its compute dtype."""
+
+
+def _inside(name, tensor):
+    """A state entry as the step computes with it: sums and counts in
+    float32 (a float16 layer's call hands them in as float16), cached keys
+    and values as they are."""
+    if name in ("keys", "values", "valid", "first"):
+        return tensor
+    return ops.cast(tensor, "float32")
+
+
+def _outside(name, tensor):
+    """A state entry as the state keeps it (`_COUNTS` as int32)."""
+    if name in _COUNTS:
+        return ops.cast(ops.round(tensor), "int32")
+    return tensor
 
 
 def _group_step(query, key, value, valid, state, factor, options, call):
@@ -190,7 +218,7 @@ def _group_step(query, key, value, valid, state, factor, options, call):
     write the slots that end in this call, attend over the slots.
     `call` is `(start (1,), beta, scale, flash_attention, repeats)`."""
     start, beta, scale, flash_attention, repeats = call
-    num_new = query.shape[1]
+    num_new = shape_of(query)[1]
     p = options.num_prefix_tokens
     laid, window = recurrent.lay_new_tokens(
         key, value, valid, state, factor, p, (start, num_new)
@@ -278,26 +306,19 @@ def _write(state, laid, factor, p, start, num_new):
 def _attend(query, keys, values, mask, repeats, scale, flash_attention):
     """Softmax attention of the group's query heads over its slots; the
     `repeats` query heads of a key/value head become query rows."""
-    batch, num_new, num_heads, dim = query.shape
+    batch, num_new, num_heads, dim = shape_of(query)
+    groups = num_heads // repeats
     if repeats > 1:  # (B, T, n r, D) -> (B, T r, n, D), rows t r + m
-        query = ops.reshape(
-            query, (-1, num_new, num_heads // repeats, repeats, dim)
-        )
-        query = ops.reshape(
-            ops.transpose(query, (0, 1, 3, 2, 4)),
-            (-1, num_new * repeats, num_heads // repeats, dim),
-        )
+        query = ops.reshape(query, (batch, num_new, groups, repeats, dim))
+        query = ops.transpose(query, (0, 1, 3, 2, 4))
+        query = ops.reshape(query, (batch, -1, groups, dim))
         mask = ops.repeat(mask, repeats, axis=1)
     out, _ = kernels.softmax_attention(
         query, keys, values, mask[:, None], scale=scale,
         flash_attention=flash_attention,
     )  # fmt: skip
     if repeats > 1:
-        out = ops.reshape(
-            out, (-1, num_new, repeats, num_heads // repeats, out.shape[-1])
-        )
-        out = ops.reshape(
-            ops.transpose(out, (0, 1, 3, 2, 4)),
-            (-1, num_new, num_heads, out.shape[-1]),
-        )
+        out = ops.reshape(out, (batch, num_new, repeats, groups, -1))
+        out = ops.transpose(out, (0, 1, 3, 2, 4))
+        out = ops.reshape(out, (batch, num_new, num_heads, -1))
     return out

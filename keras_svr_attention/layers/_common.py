@@ -134,7 +134,7 @@ class SVRLayer:
             >>> x = keras.random.normal((1, 5, 16), seed=0)
             >>> state = layer.get_initial_state(1, max_length=32)
             >>> y, state = layer(x, x, cache=state, use_causal_mask=True)
-            >>> tuple(state["r4/keys"].shape)
+            >>> tuple(state["r4_keys"].shape)
             (1, 8, 1, 8)
         """
         options = self.options
@@ -308,6 +308,14 @@ class SVRLayer:
             query, key, value, group, self.options, beta,
             return_attention_scores,
         )  # fmt: skip
+
+
+def state_spec(state):
+    """The specs of a decoding state after a call: its own shapes."""
+    return {
+        name: keras.KerasTensor(tensor.shape, dtype=tensor.dtype)
+        for name, tensor in state.items()
+    }
 
 
 def input_masks(

@@ -156,6 +156,13 @@ class SVRGroupedQueryAttention(
             return output, cache
         return (output, scores) if return_attention_scores else output
 
+    def compute_output_spec(self, query, value, key=None, **kwargs):
+        cache = kwargs.pop("cache", None)
+        output = super().compute_output_spec(query, value, key, **kwargs)
+        if cache is None:
+            return output
+        return output, common.state_spec(cache)
+
     def _head_dims(self):
         return self.head_dim, self.head_dim
 

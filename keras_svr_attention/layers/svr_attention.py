@@ -426,10 +426,7 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
             )
             results += (keras.KerasTensor(scores_shape, self.compute_dtype),)
         if isinstance(cache, dict):
-            return results[0], {
-                name: keras.KerasTensor(tensor.shape, dtype=tensor.dtype)
-                for name, tensor in cache.items()
-            }
+            return results[0], common.state_spec(cache)
         if cache is not None:
             results += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
         return results[0] if len(results) == 1 else results

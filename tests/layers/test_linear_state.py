@@ -180,9 +180,7 @@ def test_a_functional_decoding_step_compiles_and_equals_the_full_forward():
     assert_allclose(np.concatenate(ys, axis=1), full, 1e-5, 1e-5)
 
 
-def test_softmax_and_conv_have_no_state_and_say_why():
-    with pytest.raises(ValueError, match="kernel='linear'.*key/value cache"):
-        ksa.SVRAttention(num_heads=2, key_dim=3).get_initial_state(1)
+def test_conv_has_no_state_and_says_why():
     conv = ksa.SVRAttention(
         num_heads=2, key_dim=3, kernel="linear", conv_kernel_size=3
     )
