@@ -6,7 +6,7 @@ A head pooled by r only ever reads completed windows: under causality
 query t sees window w once its whole span has ended (the rules page,
 "Causal windows"). Its state, per group of heads that share r, holds:
 
-- `keys`, `values` `(B, C, n, D)`: the keys and values laid so far, one
+- `keys`, `values` `(B, n, C, D)`: the keys and values laid so far, one
   slot per pooled key (prefix token j in slot j, window w in slot p + w);
   C is `capacity(max_length, r, p)`, about p + (max_length - p) / r;
 - `valid` `(B, C)`: whether a slot holds a key (a window with a valid
@@ -98,8 +98,8 @@ def initial_state(options, batch_size, max_length, key_dim, value_dim, dtype):
         size = capacity(max_length, factor, p)
         n = len(heads)
         shapes = {
-            "keys": ((size, n, key_dim), dtype),
-            "values": ((size, n, value_dim), dtype),
+            "keys": ((n, size, key_dim), dtype),
+            "values": ((n, size, value_dim), dtype),
             "valid": ((size,), "bool"),
         }
         if factor > 1:
@@ -189,7 +189,7 @@ def decode(
     output = outputs[0] if len(outputs) == 1 else ops.concatenate(outputs, 2)
     output = visibility.select_heads(output, inverse, num_heads, 2)
     new_state["position"] = state["position"] + shape_of(query)[1]
-    return ops.cast(output, value.dtype), new_state
+    return _as(output, keras.backend.standardize_dtype(value.dtype)), new_state
 
 
 _COUNTS = ("window_count", "key_count", "window_first")
@@ -203,7 +203,7 @@ def _inside(name, tensor):
     and values as they are."""
     if name in ("keys", "values", "valid", "first"):
         return tensor
-    return ops.cast(tensor, "float32")
+    return _as(tensor, "float32")
 
 
 def _outside(name, tensor):
@@ -211,6 +211,13 @@ def _outside(name, tensor):
     if name in _COUNTS:
         return ops.cast(ops.round(tensor), "int32")
     return tensor
+
+
+def _as(tensor, dtype):
+    """`tensor` in `dtype`, with no op when it already is."""
+    if keras.backend.standardize_dtype(tensor.dtype) == dtype:
+        return tensor
+    return ops.cast(tensor, dtype)
 
 
 def _group_step(query, key, value, valid, state, factor, options, call):
@@ -225,19 +232,11 @@ def _group_step(query, key, value, valid, state, factor, options, call):
     )
     new = dict(state, **window)
     new.update(_write(state, laid, factor, p, start[0], num_new))
-    num_slots = new["keys"].shape[1]
-    rows = start[0] + positions(num_new)  # (T,) positions of the queries
-    ends = pooling.span_ends(positions(num_slots), factor, p)
-    mask = ops.logical_and(
-        (ends[None, :] <= rows[:, None])[None], new["valid"][:, None, :]
-    )  # (B, T, C)
-    if options.sliding_window is not None:
-        first = new["first"] if factor > 1 else ends[None]
-        band = (
-            first[:, None, :] > (rows - options.sliding_window)[None, :, None]
-        )
-        mask = ops.logical_and(mask, band)
-    keys, values = new["keys"], new["values"]
+    mask = _visible(new, factor, p, start[0], num_new, options.sliding_window)
+    # Heads first in the state: what a fused kernel takes without a copy.
+    keys, values = (
+        ops.transpose(new[name], (0, 2, 1, 3)) for name in ("keys", "values")
+    )
     if options.uses_bn:
         if options.sliding_window is None:
             mean, variance, sums = recurrent.prefix_moments(
@@ -262,9 +261,30 @@ def _group_step(query, key, value, valid, state, factor, options, call):
             # q / sigma^2 may overflow float16: attend in float32.
             keys, values = (ops.cast(x, "float32") for x in (keys, values))
         else:
-            query = ops.cast(query, dtype)
+            query = _as(query, dtype)
     out = _attend(query, keys, values, mask, repeats, scale, flash_attention)
     return out, new
+
+
+def _visible(state, factor, p, start, num_new, sliding_window):
+    """`(B, T, C)`: the slots that new token t sees. A slot is written
+    when its span ends, so a single new token sees every written one;
+    several see those that end at or before their positions. A sliding
+    window w also asks that each of the slot's valid tokens be within w
+    (its first one, `first`, for a window)."""
+    mask = state["valid"][:, None, :]
+    num_slots = state["keys"].shape[2]
+    rows = start + positions(num_new)  # (T,) positions of the new tokens
+    ends = None
+    if factor == 1 or not (isinstance(num_new, int) and num_new == 1):
+        ends = pooling.span_ends(positions(num_slots), factor, p)
+    if not (isinstance(num_new, int) and num_new == 1):
+        mask = ops.logical_and(mask, (ends[None, :] <= rows[:, None])[None])
+    if sliding_window is not None:
+        first = state["first"] if factor > 1 else ends[None]
+        band = first[:, None, :] > (rows - sliding_window)[None, :, None]
+        mask = ops.logical_and(mask, band)
+    return mask
 
 
 def _write(state, laid, factor, p, start, num_new):
@@ -289,8 +309,8 @@ def _write(state, laid, factor, p, start, num_new):
         block["weights"] = block["weights"] * inside[None]
     batch = ops.shape(state["valid"])[0]
     written = {
-        "keys": block["keys"],
-        "values": block["values"],
+        "keys": ops.transpose(block["keys"], (0, 2, 1, 3)),
+        "values": ops.transpose(block["values"], (0, 2, 1, 3)),
         "valid": ops.broadcast_to(block["weights"] > 0, (batch, count)),
     }
     if "first" in state:
@@ -298,8 +318,15 @@ def _write(state, laid, factor, p, start, num_new):
     new = {}
     for name, tensor in written.items():
         target = state[name]
-        at = [0, first_slot] + [0] * (len(target.shape) - 2)
-        new[name] = ops.slice_update(target, at, ops.cast(tensor, target.dtype))
+        # Slots are axis 1 of `valid` and `first`, axis 2 of the heads.
+        at = (
+            [0, first_slot] if len(target.shape) == 2 else [0, 0, first_slot, 0]
+        )
+        new[name] = ops.slice_update(
+            target,
+            at,
+            _as(tensor, keras.backend.standardize_dtype(target.dtype)),
+        )
     return new
 
 

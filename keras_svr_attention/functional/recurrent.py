@@ -32,6 +32,7 @@ from keras import ops
 from keras_svr_attention.functional import kernels
 from keras_svr_attention.functional import statistics
 from keras_svr_attention.functional import visibility
+from keras_svr_attention.functional._tensors import floor_mod
 from keras_svr_attention.functional._tensors import positions
 from keras_svr_attention.functional._tensors import shape_of
 from keras_svr_attention.functional._tensors import zero_pad
@@ -222,6 +223,10 @@ def lay_new_tokens(key, value, valid, state, factor, num_prefix_tokens, span):
         weights = ops.cast(valid, "float32")
     if factor == 1:
         return {"keys": key, "values": value, "weights": weights}, {}
+    if length == 1 and isinstance(taken, int):
+        return _lay_one(
+            key, value, weights, state, factor, num_prefix_tokens, start
+        )
     local = positions(length)
     rel = start + local - num_prefix_tokens  # (T,) position - p
     prefix = rel < 0
@@ -285,6 +290,47 @@ def lay_new_tokens(key, value, valid, state, factor, num_prefix_tokens, span):
         if len(at_last.shape) == 1:  # (B,): one per head of the group
             at_last = ops.repeat(at_last[:, None], heads, axis=1)
         window[name] = ops.where(taken > 0, at_last * still_open, state[name])
+    return laid, window
+
+
+def _lay_one(key, value, weight, state, factor, num_prefix_tokens, start):
+    """`lay_new_tokens` for one new token (a decoding step), in a few ops:
+    the open window's sums plus the token, its mean laid if the window
+    ends here."""
+    prefix = start < num_prefix_tokens  # (1,)
+    into = floor_mod(ops.maximum(start - num_prefix_tokens, 0), factor)
+    closed = ops.logical_or(prefix, into == factor - 1)
+    count = state["window_count"][:, :1] + weight  # (B, 1)
+    sums = {
+        "window_count": count,
+        "window_keys": state["window_keys"][:, None]
+        + key * ops.expand_dims(weight, (2, 3)),
+        "window_values": state["window_values"][:, None]
+        + value * ops.expand_dims(weight, (2, 3)),
+    }
+    here = ops.cast(start, "float32")[None]  # (1, 1)
+    if "window_first" in state:
+        is_first = weight * ops.cast(count - weight == 0, "float32")
+        sums["window_first"] = state["window_first"][:, :1] + is_first * here
+    flags = ops.reshape(prefix, (1, 1, 1, 1))
+    divisor = ops.expand_dims(ops.maximum(count, 1.0), (2, 3))
+    laid = {
+        "keys": ops.where(flags, key, sums["window_keys"] / divisor),
+        "values": ops.where(flags, value, sums["window_values"] / divisor),
+        "weights": ops.where(
+            prefix[None], weight, ops.cast(count > 0, "float32")
+        ),
+    }
+    laid["weights"] = ops.where(closed[None], laid["weights"], 0.0)
+    if "window_first" in state:
+        laid["first"] = ops.where(prefix[None], here, sums["window_first"])
+    heads = key.shape[2]
+    window = {}
+    for name, total in sums.items():
+        total = total[:, 0]
+        if len(total.shape) == 1:  # (B,): one per head of the group
+            total = ops.repeat(total[:, None], heads, axis=1)
+        window[name] = ops.where(closed[0], ops.zeros_like(total), total)
     return laid, window
 
 

@@ -135,7 +135,7 @@ class SVRLayer:
             >>> state = layer.get_initial_state(1, max_length=32)
             >>> y, state = layer(x, x, cache=state, use_causal_mask=True)
             >>> tuple(state["r4_keys"].shape)
-            (1, 8, 1, 8)
+            (1, 1, 8, 8)
         """
         options = self.options
         problem = None

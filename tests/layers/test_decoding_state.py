@@ -122,9 +122,9 @@ def test_the_state_keeps_its_shapes_and_pools_its_slots():
         assert {name: tuple(s.shape) for name, s in state.items()} == shapes
     # p = 1 prefix token, then windows of r over the other 18 positions,
     # and 2 p spare slots: 1 + 18 / r + 2.
-    assert shapes["r1_keys"] == (2, LENGTH, 1, 3)
-    assert shapes["r2_keys"] == (2, 1 + 9 + 2, 2, 3)
-    assert shapes["r3_values"] == (2, 1 + 6 + 2, 1, 3)
+    assert shapes["r1_keys"] == (2, 1, LENGTH, 3)
+    assert shapes["r2_keys"] == (2, 2, 1 + 9 + 2, 3)
+    assert shapes["r3_values"] == (2, 1, 1 + 6 + 2, 3)
 
 
 def test_bn_sh_keeps_under_half_of_multi_head_attentions_cache():

@@ -1,24 +1,27 @@
-"""Decoding cost per token against context length, and the train-step
-memory of causal linear attention.
+"""Decoding: time per token, bytes carried and prefill time against
+context length, for every mode's decoding state; and the train-step memory
+of causal linear attention.
 
-Decoding: one self-attention layer (width 256, 4 heads of 64, batch 1)
-takes one new token after a context of L tokens:
+Decoding: one self-attention layer (width 256, 8 heads of 32, batch 1;
+head factors 1, 1, 2, 2, 4, 4, 8, 8 where SH is on) takes one new token
+after a context of L tokens:
 
-- `mha+kv`: KerasHub's `CachedMultiHeadAttention`, a key/value cache of
-  L + 1 slots (skipped without keras-hub);
-- `softmax+kv`: `SVRAttention` with the same cache;
-- `linear+state`, `linear+bn+sh+state`: `SVRAttention(kernel="linear")`
-  with its recurrent state (`get_initial_state`), filled by a prefill of L
-  tokens.
+- `mha`: KerasHub's `CachedMultiHeadAttention` with its key/value cache of
+  L + 1 slots (the baseline of every ratio);
+- `softmax`, `bn`, `sh`, `bn+sh`: `SVRAttention` with its decoding state
+  (`get_initial_state(1, max_length=L + 1)`), filled by a prefill of L
+  tokens: per head group the keys and values of completed windows;
+- `gqa-bn+sh`: `SVRGroupedQueryAttention`, 8 query heads on 4 key/value
+  heads of factors 1, 2, 4, 8;
+- `linear`, `linear-bn+sh`: `kernel="linear"`, the recurrent state.
 
 The step is compiled where the backend compiles (jax.jit,
-tf.function(jit_compile=True); torch runs eagerly). Each variant's
-contexts are timed together, interleaved in a rotated order each repeat:
-the median milliseconds per token are reported, and the ratio to the
-shortest context is the median of the per-repeat ratios. (Timing the
-variants together would let a 32 MiB key/value cache evict the state from
-the CPU's caches.)
-"decode bytes" is the size of the cache or state the step carries.
+tf.function(jit_compile=True)); torch runs eagerly, as KerasHub's
+`generate()` does there. At each context the variants' steps are timed
+interleaved, in a rotated order each repeat: "x mha" is the median of the
+per-repeat ratios to `mha`'s step. "bytes" is the size of the cache or
+state the step carries. "prefill ms" is one call over the L-token prompt
+(compiled likewise), for contexts up to `--prefill-max`.
 
 Train-step memory (JAX only): XLA's temporary bytes of the compiled
 gradient of one layer, for MultiHeadAttention, linear non-causal and
@@ -26,9 +29,8 @@ linear causal (the chunked recurrence) at T = 1024 .. 16384, and the
 causal linear train step at T = 4096 for a few `chunk_size`s (time and
 memory), which chose the default.
 
-    KERAS_BACKEND=jax python benchmarks/linear_decoding.py
-    KERAS_BACKEND=torch python benchmarks/linear_decoding.py \
-        --plot docs/linear_decoding.png
+    KERAS_BACKEND=jax python benchmarks/decoding.py
+    KERAS_BACKEND=torch python benchmarks/decoding.py --plot docs/decoding.png
 """
 
 import argparse
@@ -44,75 +46,103 @@ from speed import interleaved  # benchmarks/speed.py, beside this script
 import keras_svr_attention as ksa
 
 BACKEND = keras.config.backend()
-WIDTH, HEADS, BATCH = 256, 4, 1
+WIDTH, HEADS, BATCH = 256, 8, 1
 KEY_DIM = WIDTH // HEADS
-VARIANTS = ["mha+kv", "softmax+kv", "linear+state", "linear+bn+sh+state"]
+FACTORS = [1, 1, 2, 2, 4, 4, 8, 8]
+PIECE = 1024  # prompt tokens per call when filling a state
+VARIANTS = {
+    "mha": None,
+    "softmax": {},
+    "bn": {"beta": 1.0},
+    "sh": {"head_factors": FACTORS},
+    "bn+sh": {"beta": 1.0, "head_factors": FACTORS},
+    "gqa-bn+sh": {"beta": 1.0, "head_factors": FACTORS[1::2]},
+    "linear": {"kernel": "linear"},
+    "linear-bn+sh": {"kernel": "linear", "beta": 1.0, "head_factors": FACTORS},
+}
 
 
-def make_layer(variant, chunk_size=64):
-    if variant == "mha+kv":
+def make_layer(variant):
+    if variant == "mha":
         try:
             from keras_hub.layers import CachedMultiHeadAttention
         except ImportError:
             return None
         return CachedMultiHeadAttention(HEADS, KEY_DIM)
-    options = {"softmax+kv": {}, "linear+state": {"kernel": "linear"}}.get(
-        variant,
-        {"kernel": "linear", "beta": 1.0, "head_factors": [1, 1, 2, 4]},
-    )
-    return ksa.SVRAttention(HEADS, KEY_DIM, chunk_size=chunk_size, **options)
+    options = VARIANTS[variant]
+    if variant.startswith("gqa"):
+        return ksa.SVRGroupedQueryAttention(
+            KEY_DIM, HEADS, HEADS // 2, **options
+        )
+    return ksa.SVRAttention(HEADS, KEY_DIM, **options)
+
+
+def _causal(start, length, slots):
+    """KerasHub's decoder mask for queries start .. start + length - 1."""
+    rows = np.arange(start, start + length)[:, None]
+    return ops.convert_to_tensor(np.arange(slots)[None] <= rows)[None]
+
+
+def prompt_call(variant, layer, context):
+    """`(call(prompt, carry) -> carry, the empty carry)`: one call of
+    the prompt from the initial cache or state."""
+    if variant == "mha":
+        empty = ops.zeros((BATCH, 2, context + 1, HEADS, KEY_DIM))
+
+        def call(x, cache):
+            mask = _causal(0, x.shape[1], context + 1)
+            return layer(
+                x, x, cache=cache, cache_update_index=0, attention_mask=mask
+            )[1]
+
+        return call, empty
+    empty = layer.get_initial_state(BATCH, max_length=context + 1)
+
+    def call(x, state):
+        return layer(x, x, cache=state, use_causal_mask=True)[1]
+
+    return call, empty
 
 
 def carried(variant, layer, context, rng):
-    """The cache or state after `context` tokens, and the step's kwargs."""
-    if variant.endswith("+state"):
-        state = layer.get_initial_state(BATCH)
-        prompt = rng.normal(size=(BATCH, context, WIDTH)).astype("float32")
-        _, state = layer(prompt, prompt, cache=state, use_causal_mask=True)
-        return state, {"use_causal_mask": True}
-    shape = (BATCH, 2, context + 1, HEADS, KEY_DIM)
-    cache = ops.convert_to_tensor(rng.normal(size=shape).astype("float32"))
-    # KerasHub's layer takes no causal flag: the index alone places the token.
-    kwargs = {"cache_update_index": context}
-    if variant == "softmax+kv":
-        kwargs["use_causal_mask"] = True
-    return cache, kwargs
+    """The cache or state after `context` tokens (filled in pieces), and
+    the step's kwargs."""
+    call, carry = prompt_call(variant, layer, context)
+    if variant == "mha":
+        # Its cost does not depend on what the cache holds.
+        shape = (BATCH, 2, context + 1, HEADS, KEY_DIM)
+        carry = ops.convert_to_tensor(rng.normal(size=shape), "float32")
+        return carry, {"cache_update_index": context}
+    for start in range(0, context, PIECE):
+        length = min(PIECE, context - start)
+        x = rng.normal(size=(BATCH, length, WIDTH)).astype("float32")
+        _, carry = layer(x, x, cache=carry, use_causal_mask=True)
+    return carry, {"use_causal_mask": True}
 
 
-def compiled_step(layer, token, carry, kwargs):
-    """A function running one decoding step, returning a NumPy scalar."""
+def compiled(fn):
+    """`fn(*args)` compiled where the backend compiles; the returned
+    callable blocks until the result is ready."""
     if BACKEND == "jax":
         import jax
 
-        trainable = [v.value for v in layer.trainable_variables]
-        frozen = [v.value for v in layer.non_trainable_variables]
-
-        @jax.jit
-        def step(token, carry):
-            (y, carry), _ = layer.stateless_call(
-                trainable, frozen, token, token, cache=carry, **kwargs
-            )
-            return y, carry
-
-        return lambda: jax.block_until_ready(step(token, carry))
+        jitted = jax.jit(fn)
+        return lambda *args: jax.block_until_ready(jitted(*args))
     if BACKEND == "tensorflow":
         import tensorflow as tf
 
-        @tf.function(jit_compile=True)
-        def step(token, carry):
-            return layer(token, token, cache=carry, **kwargs)
-
-        return lambda: tf.nest.map_structure(
-            lambda t: t.numpy(), step(token, carry)
+        traced = tf.function(fn, jit_compile=True)
+        return lambda *args: tf.nest.map_structure(
+            lambda t: t.numpy(), traced(*args)
         )
     import torch
 
-    def step():
+    def run(*args):
         with torch.no_grad():
-            y, _ = layer(token, token, cache=carry, **kwargs)
-            return y.sum().item()
+            out = fn(*args)
+            return [float(t.float().sum()) for t in keras.tree.flatten(out)]
 
-    return step
+    return run
 
 
 def nbytes(tree):
@@ -125,45 +155,63 @@ def nbytes(tree):
     )
 
 
-def decoding(contexts, repeats, variants=VARIANTS):
-    """Per variant, one step per context, timed interleaved: the ratio to
-    the shortest context is the median of per-repeat ratios."""
+def decoding(contexts, repeats, variants, prefill_max):
+    """Per context, every variant's step timed interleaved; the ratio to
+    `mha` is the median of the per-repeat ratios."""
     rng = np.random.default_rng(0)
     token = ops.convert_to_tensor(
         rng.normal(size=(BATCH, 1, WIDTH)).astype("float32")
     )
-    rows = []
+    layers = {}
     for variant in variants:
         layer = make_layer(variant)
-        if layer is None:
-            continue
-        layer(token, token)
-        steps, sizes = {}, {}
-        for context in contexts:
+        if layer is not None:
+            layer(token, token)
+            layers[variant] = layer
+    rows = []
+    for context in contexts:
+        steps, sizes, prefill = {}, {}, {}
+        for variant, layer in layers.items():
             carry, kwargs = carried(variant, layer, context, rng)
-            steps[context] = compiled_step(layer, token, carry, kwargs)
-            steps[context]()  # compile and warm up
-            sizes[context] = nbytes(carry)
-        times = interleaved(steps, repeats)
-        for context in contexts:
-            ratios = [
-                t / s
-                for t, s in zip(times[context], times[contexts[0]], strict=True)
-            ]
-            rows.append(
-                {
-                    "context": context,
-                    "variant": variant,
-                    "ms_per_token": 1000 * statistics.median(times[context]),
-                    "ratio_to_shortest": statistics.median(ratios),
-                    "decode_bytes": sizes[context],
-                }
+            step = compiled(
+                lambda t, c, layer=layer, kw=kwargs: layer(t, t, cache=c, **kw)
             )
+            steps[variant] = lambda s=step, c=carry: s(token, c)
+            steps[variant]()  # compile and warm up
+            sizes[variant] = nbytes(carry)
+            if context <= prefill_max:
+                call, empty = prompt_call(variant, layer, context)
+                prompt = ops.convert_to_tensor(
+                    rng.normal(size=(BATCH, context, WIDTH)), "float32"
+                )
+                run = compiled(call)
+                run(prompt, empty)
+                once = {0: lambda r=run, p=prompt, e=empty: r(p, e)}
+                prefill[variant] = min(interleaved(once, 3)[0])
+        times = interleaved(steps, repeats)
+        base = "mha" if "mha" in times else next(iter(times))
+        for variant in steps:
+            ratios = [
+                t / b for t, b in zip(times[variant], times[base], strict=True)
+            ]
+            row = {
+                "context": context,
+                "variant": variant,
+                "ms_per_token": 1000 * statistics.median(times[variant]),
+                "ratio_to_mha": statistics.median(ratios),
+                "decode_bytes": sizes[variant],
+                "bytes_to_mha": sizes[variant] / sizes[base],
+                "prefill_ms": 1000 * prefill[variant]
+                if variant in prefill
+                else None,
+            }
+            rows.append(row)
             print(
-                f"{BACKEND} {variant:20s} L={context:6d} "
-                f"{rows[-1]['ms_per_token']:8.3f} ms/token "
-                f"x{rows[-1]['ratio_to_shortest']:.2f} "
-                f"{sizes[context] / 2**20:9.2f} MiB",
+                f"{BACKEND} L={context:6d} {variant:14s} "
+                f"{row['ms_per_token']:8.3f} ms/token "
+                f"x{row['ratio_to_mha']:.2f} "
+                f"{sizes[variant] / 2**20:8.2f} MiB "
+                f"(x{row['bytes_to_mha']:.2f})",
                 flush=True,
             )
     return rows
@@ -236,14 +284,19 @@ def memory(lengths, chunk_sizes, repeats):
 def markdown(result):
     lines = [
         f"Decoding one token, {BACKEND}, CPU, width {WIDTH}, "
-        f"{HEADS} heads of {KEY_DIM}, batch {BATCH}:",
+        f"{HEADS} heads of {KEY_DIM}, batch {BATCH}, head factors "
+        f"{', '.join(map(str, FACTORS))} where SH is on:",
         "",
-        "| context | variant | ms / token | x shortest context | decode MiB |",
-        "|---|---|---|---|---|",
+        "| context | variant | ms / token | x mha | MiB carried | x mha "
+        "| prefill ms |",
+        "|---|---|---|---|---|---|---|",
     ]
     lines += [
         f"| {r['context']} | {r['variant']} | {r['ms_per_token']:.3f} | "
-        f"{r['ratio_to_shortest']:.2f} | {r['decode_bytes'] / 2**20:.2f} |"
+        f"{r['ratio_to_mha']:.2f} | {r['decode_bytes'] / 2**20:.2f} | "
+        f"{r['bytes_to_mha']:.2f} | "
+        + ("" if r["prefill_ms"] is None else f"{r['prefill_ms']:.1f}")
+        + " |"
         for r in result["decoding"]
     ]
     if result.get("train"):
@@ -281,7 +334,7 @@ def plot(output, path):
 
     results = []
     for backend in ("jax", "torch", "tensorflow"):
-        name = os.path.join(output, f"linear_decoding_{backend}.json")
+        name = os.path.join(output, f"decoding_{backend}.json")
         if os.path.exists(name):
             with open(name) as f:
                 results.append(json.load(f))
@@ -319,6 +372,7 @@ def main(argv=None):
     p.add_argument("--chunk-sizes", default="16,32,64,128,256")
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--prefill-max", type=int, default=4096)
     p.add_argument("--no-memory", action="store_true")
     p.add_argument("--output", default="benchmarks/results")
     p.add_argument(
@@ -334,6 +388,7 @@ def main(argv=None):
             [int(c) for c in args.contexts.split(",")],
             args.repeats,
             args.variants.split(","),
+            args.prefill_max,
         ),
     }
     if BACKEND == "jax" and not args.no_memory:
@@ -343,7 +398,7 @@ def main(argv=None):
             max(3, args.repeats // 6),
         )
     os.makedirs(args.output, exist_ok=True)
-    stem = os.path.join(args.output, f"linear_decoding_{BACKEND}")
+    stem = os.path.join(args.output, f"decoding_{BACKEND}")
     with open(stem + ".json", "w") as f:
         json.dump(result, f, indent=2)
     with open(stem + ".md", "w") as f:
