@@ -318,7 +318,7 @@ def examples(session, backend):
 @nox.parametrize("backend", BACKENDS)
 def bench(session, backend):
     """FLOPs/memory (XLA, jax), speed against MHA, augmentation cost,
-    decoding cost per token (linear state against key/value caches)."""
+    decoding cost per token (every mode's state against key/value caches)."""
     _install(session, backend, "examples,hub", hub=True)
     out = "benchmarks/results"
     env = _env(backend)
@@ -336,7 +336,7 @@ def bench(session, backend):
         "python", "benchmarks/augmentation.py", "--output", out, env=env
     )
     session.run(
-        "python", "benchmarks/linear_decoding.py", "--output", out, env=env
+        "python", "benchmarks/decoding.py", "--output", out, env=env
     )
 
 

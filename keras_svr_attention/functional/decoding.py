@@ -135,7 +135,7 @@ def state_bytes(state):
 
 
 def _itemsize(dtype):
-    dtype = str(dtype).split(".")[-1]
+    dtype = keras.backend.standardize_dtype(dtype)
     return {"bool": 1, "float16": 2, "bfloat16": 2, "float64": 8}.get(dtype, 4)
 
 
@@ -292,8 +292,15 @@ def _write(state, laid, factor, p, start, num_new):
     with one `slice_update` from the slot of position `start`."""
     count = _new_slots(num_new, factor, p)
     first_slot = pooling.span_of(start, factor, p)
-    if factor == 1:
-        block = {name: laid[name] for name in ("keys", "values", "weights")}
+    if factor == 1 or (isinstance(num_new, int) and num_new == 1):
+        # The new tokens' own slots; one token writes the slot of its
+        # span, weight 0 unless the span ends there (`lay_new_tokens`).
+        count = num_new
+        block = {
+            name: laid[name]
+            for name in ("keys", "values", "weights", "first")
+            if name in laid
+        }
     else:
         slots = first_slot + positions(count)
         local = pooling.span_ends(slots, factor, p) - start

@@ -51,6 +51,10 @@ class SVRGroupedQueryAttention(
         chunk_size: int > 0. Chunk of the causal linear kernel's
             recurrence (`SVRAttention`).
 
+    `call` also takes `cache`, a decoding state of
+    `get_initial_state(batch_size, max_length)` kept per key/value head,
+    and then returns `(output, new state)` (the decoding page).
+
     Examples:
         >>> layer = SVRGroupedQueryAttention(
         ...     head_dim=8, num_query_heads=4, num_key_value_heads=2,

@@ -80,13 +80,14 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
             pooled window's weight is spread over its valid tokens.
         training: bool. Dropout on or off.
         use_causal_mask: bool. Query i sees only keys j <= i.
-        cache: `(B, 2, S, N, key_dim)` or None: KerasHub's cached
-            attention contract (the rules page, "Caches").
+        cache: a decoding state (`get_initial_state`, with
+            `use_causal_mask=True`), or `(B, 2, S, N, key_dim)`: KerasHub's
+            cached attention contract (the rules page, "Caches"), or None.
         cache_update_index: int or int tensor, or None.
 
     Returns:
         `(B, T, dim_out)`, then the scores if asked, then the updated cache
-        if a cache was given.
+        or state if one was given.
 
     Examples:
         >>> layer = SVRAttention(num_heads=4, key_dim=16, beta=1.0,
@@ -303,8 +304,8 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
         )
 
     def _is_state(self, cache):
-        """Whether `cache` is the linear kernel's recurrent state: a dict,
-        or any tensor under `state_cache` (packed)."""
+        """Whether `cache` is a decoding state: a dict, or any tensor
+        under `state_cache` (the linear state packed)."""
         return isinstance(cache, dict) or self.options.state_cache
 
     def _call_with_state(
