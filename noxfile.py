@@ -335,9 +335,7 @@ def bench(session, backend):
     session.run(
         "python", "benchmarks/augmentation.py", "--output", out, env=env
     )
-    session.run(
-        "python", "benchmarks/decoding.py", "--output", out, env=env
-    )
+    session.run("python", "benchmarks/decoding.py", "--output", out, env=env)
 
 
 @nox.session

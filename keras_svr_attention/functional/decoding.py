@@ -1,6 +1,6 @@
 """Causal softmax decoding from a state of fixed shapes: each group of heads
-keeps the smallest exact cache its math allows (the rules page, "Decoding
-state").
+keeps the smallest exact cache its math allows (the rules page,
+"Decoding state").
 
 A head pooled by r only ever reads completed windows: under causality
 query t sees window w once its whole span has ended (the rules page,
@@ -237,6 +237,7 @@ def _group_step(query, key, value, valid, state, factor, options, call):
     keys, values = (
         ops.transpose(new[name], (0, 2, 1, 3)) for name in ("keys", "values")
     )
+    dtype = keras.backend.standardize_dtype(keys.dtype)
     if options.uses_bn:
         if options.sliding_window is None:
             mean, variance, sums = recurrent.prefix_moments(
@@ -253,15 +254,14 @@ def _group_step(query, key, value, valid, state, factor, options, call):
                 None if m is None else ops.repeat(m, repeats, axis=2)
                 for m in (mean, variance)
             )
-        query = statistics.shift_query(
-            query, mean, variance, beta, options.epsilon
-        )
-        dtype = keras.backend.standardize_dtype(keys.dtype)
         if options.standardize and dtype == "float16":
             # q / sigma^2 may overflow float16: attend in float32.
-            keys, values = (ops.cast(x, "float32") for x in (keys, values))
-        else:
-            query = _as(query, dtype)
+            query, keys, values = (
+                ops.cast(x, "float32") for x in (query, keys, values)
+            )
+        query = statistics.recenter_query(
+            query, None, beta, options, moments=(mean, variance)
+        )
     out = _attend(query, keys, values, mask, repeats, scale, flash_attention)
     return out, new
 

@@ -18,7 +18,6 @@ from keras import ops
 
 from keras_svr_attention.functional._tensors import accumulation_dtype
 from keras_svr_attention.functional._tensors import concatenate
-from keras_svr_attention.functional._tensors import positions
 from keras_svr_attention.functional._tensors import shape_of
 from keras_svr_attention.functional._tensors import zero_pad
 
@@ -140,25 +139,20 @@ def pool_mask(mask, valid, factor, num_prefix_tokens=0):
     return ops.logical_and(num_valid > 0, num_blocked == 0)
 
 
-def window_ends(num_keys, factor, num_prefix_tokens=0):
-    """`(S',)` int32: the position of the last token of each pooled key's
-    full span, `p + (w + 1) r - 1` for window w (prefix token j: j).
+def span_ends(index, factor, num_prefix_tokens=0):
+    """The position of the last token of pooled key `index`'s full span
+    (int tensor): `index` for a prefix token, `p + (w + 1) r - 1` for
+    window w.
 
     The span of a window cut short by the end of the sequence still ends
     there, so a causal query inside it never sees it (the rules page,
     "Causal windows").
 
     Examples:
-        >>> ops.convert_to_numpy(window_ends(7, 2, 1)).tolist()
+        >>> ends = span_ends(ops.arange(4), 2, 1)
+        >>> ops.convert_to_numpy(ends).tolist()
         [0, 2, 4, 6]
     """
-    pooled = positions(pooled_length(num_keys, factor, num_prefix_tokens))
-    return span_ends(pooled, factor, num_prefix_tokens)
-
-
-def span_ends(index, factor, num_prefix_tokens=0):
-    """The position where the span of pooled key `index` (int tensor) ends:
-    `index` for a prefix token, `p + (w + 1) r - 1` for window w."""
     p = num_prefix_tokens
     return ops.where(index < p, index, p + (index - p + 1) * factor - 1)
 

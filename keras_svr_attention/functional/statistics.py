@@ -142,8 +142,9 @@ def normalize(x, mean, variance, beta, epsilon):
 
 
 def recenter_query(
-    query, key, beta, options, mask=None, causal=False, with_offset=False
-):
+    query, key, beta, options, mask=None, causal=False, with_offset=False,
+    moments=None,
+):  # fmt: skip
     """Attention-BN's query under the softmax kernel (Eqns 22, 26).
 
     Terms that do not depend on key j cancel in the softmax, so
@@ -168,29 +169,27 @@ def recenter_query(
         with_offset: bool. Also return the term that cancels,
             c_i = q'_i^T (b mu_i) `(B, T, N)` in float32: the softmax drops
             it, a softmax with attention sinks does not.
+        moments: `(mean, variance or None)` of shape `(B, T, N, D)`
+            computed elsewhere (a decoding state's running sums), or None;
+            given, `key`, `mask` and `causal` are not read.
     """
-    if causal:
-        causal = masks_lib.causal_mask(shape_of(query)[1], shape_of(key)[1])
-        mask = masks_lib.merge_masks(mask, causal[:, None])
-    moments = key_moments(key, mask, with_variance=options.standardize)
-    mean, variance = moments if options.standardize else (moments, None)
-    shifted = shift_query(query, mean, variance, beta, options.epsilon)
-    if with_offset:
-        dtype = shifted.dtype
-        offset = ops.sum(shifted * ops.cast(beta, dtype) * mean, axis=-1)
-        return ops.cast(shifted, query.dtype), offset
-    return ops.cast(shifted, query.dtype)
-
-
-def shift_query(query, mean, variance, beta, epsilon):
-    """(q_i - b mu_i) [/ (sigma_i^2 + epsilon)]: the softmax kernel's
-    recentered query (`recenter_query`), from moments computed elsewhere
-    (a decoding state's running sums). In float32 (float64 for float64)."""
+    if moments is None:
+        if causal:
+            rows, cols = shape_of(query)[1], shape_of(key)[1]
+            causal = masks_lib.causal_mask(rows, cols)
+            mask = masks_lib.merge_masks(mask, causal[:, None])
+        moments = key_moments(key, mask, with_variance=options.standardize)
+        if not options.standardize:
+            moments = (moments, None)
+    mean, variance = moments
     dtype = accumulation_dtype(query.dtype)
     shifted = ops.cast(query, dtype) - ops.cast(beta, dtype) * mean
     if variance is not None:
-        shifted = shifted / (variance + epsilon)
-    return shifted
+        shifted = shifted / (variance + options.epsilon)
+    if with_offset:
+        offset = ops.sum(shifted * ops.cast(beta, dtype) * mean, axis=-1)
+        return ops.cast(shifted, query.dtype), offset
+    return ops.cast(shifted, query.dtype)
 
 
 def recenter_linear(query, key, beta, options, key_weights=None, causal=None):

@@ -20,7 +20,7 @@ pooled:   i sees window w  iff  w holds a valid token,
 ```
 
 where `end(w) = p + (w + 1) r - 1` is the last position of w's full span
-(`pooling.window_ends`), so a window cut short by the end of the sequence,
+(`pooling.span_ends`), so a window cut short by the end of the sequence,
 by right padding or by unwritten cache slots is seen by no query inside it:
 a causal output depends on positions <= i only. An explicit lower-triangular
 `attention_mask` has no positions, only the rule above it: there the last
@@ -340,7 +340,8 @@ def _plan_pooled(factor, heads, p, masks, shapes, causality):
         pooled_mask = ops.expand_dims(counts > 0, (1, 2))
     if causal:
         rows = positions(num_queries, offset)
-        ends = pooling.window_ends(num_keys, factor, p)
+        pooled = positions(pooling.pooled_length(num_keys, factor, p))
+        ends = pooling.span_ends(pooled, factor, p)
         pooled_mask = masks_lib.merge_masks(
             pooled_mask, (ends[None, :] <= rows[:, None])[None, None]
         )
