@@ -223,7 +223,7 @@ def lay_new_tokens(key, value, valid, state, factor, num_prefix_tokens, span):
         weights = ops.cast(valid, "float32")
     if factor == 1:
         return {"keys": key, "values": value, "weights": weights}, {}
-    if length == 1 and isinstance(taken, int):
+    if isinstance(length, int) and length == 1 and isinstance(taken, int):
         return _lay_one(
             key, value, weights, state, factor, num_prefix_tokens, start
         )
