@@ -85,7 +85,8 @@ def initial_state(options, batch_size, max_length, key_dim, value_dim, dtype):
         options: `SVROptions`, one head factor per key/value head.
         batch_size: int.
         max_length: int. The longest sequence the state will hold.
-        key_dim, value_dim: ints, the head dimensions.
+        key_dim: int, the head dimension of keys.
+        value_dim: int, the head dimension of values.
         dtype: the dtype of the cached keys and values (the layer's
             compute dtype); sums are float32.
 

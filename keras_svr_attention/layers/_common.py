@@ -129,6 +129,7 @@ class SVRLayer:
             A dict of tensors, or the linear state packed.
 
         Examples:
+            >>> from keras_svr_attention import SVRAttention
             >>> layer = SVRAttention(num_heads=2, key_dim=8,
             ...                      head_factors=[1, 4])
             >>> x = keras.random.normal((1, 5, 16), seed=0)
