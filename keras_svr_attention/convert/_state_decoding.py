@@ -1,14 +1,16 @@
-"""KerasHub causal LMs converted to the linear kernel generate with the
-recurrent state (the rules page, "Linear state") instead of a key/value
-cache.
+"""KerasHub causal LMs whose attention is KerasHub's cached one (GPT-2)
+generate with their mode's decoding state (the rules page, "Decoding
+state" and "Linear state") instead of a key/value cache: SH's pooled
+keys and values, Attention-BN's running sums, the linear kernel's
+recurrent state.
 
 The LM's own plumbing is kept: `call_with_cache` slices one cache tensor
 per decoder layer and stacks them back, so each layer's state travels
-packed in one tensor (`SVRAttention(state_cache=True)`), whose size does
-not grow with the tokens. Two methods change:
+packed in one tensor (`SVRAttention(state_cache=True)`,
+`get_initial_state(packed=True)`). Two methods change:
 
-- `_build_cache` stacks the layers' initial states and prefills them with
-  one chunked call over the token buffer;
+- `_build_cache` stacks the layers' initial states for the token buffer's
+  length and prefills them with one call over the buffer;
 - `generate_step` tells that prefill where decoding will resume. KerasHub's
   `generate_step` prefills the whole padded buffer and then resumes at the
   shortest prompt, rewriting key/value slots; a state cannot be rewound,
@@ -51,9 +53,12 @@ class _StateDecoding:
         """The layers' initial states, stacked as the LM stacks its
         caches, then prefilled over `token_ids` (positions from 0)."""
         layers = state_layers(self)
-        batch = ops.shape(token_ids)[0]
+        batch, length = ops.shape(token_ids)[0], token_ids.shape[1]
         cache = ops.stack(
-            [layer.get_initial_state(batch, packed=True) for layer in layers],
+            [
+                layer.get_initial_state(batch, length, packed=True)
+                for layer in layers
+            ],
             axis=1,
         )
         limit = getattr(self, "_svr_prefill_limit", None)

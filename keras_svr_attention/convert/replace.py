@@ -286,15 +286,16 @@ def _preprocessor(model, serialized):
 
 
 def _decodes_with_state(model, attention, options, layers):
-    """A KerasHub causal LM converted to the linear kernel whose every
-    attention is KerasHub's cached one: it generates with the recurrent
-    state (`_state_decoding`)."""
-    kernel = options.get("kernel") or presets.options_for(attention, 1).get(
-        "kernel", "softmax"
-    )
+    """A KerasHub causal LM whose every attention is KerasHub's cached one,
+    converted to a mode with a decoding state (no sparse pattern, no
+    convolution): it generates with its layers' states
+    (`_state_decoding`)."""
+    named = presets.options_for(attention, 1)
+    chosen = {**named, **{k: v for k, v in options.items() if v is not None}}
     cached = _cached_attention_class()
     return (
-        kernel == "linear"
+        not chosen.get("sparsity")
+        and not chosen.get("conv_kernel_size")
         and state_decoding.can_decode_with_state(model)
         and all(type(layer) is cached for layer in layers)
     )

@@ -93,8 +93,17 @@ def initial_state(options, batch_size, max_length, key_dim, value_dim, dtype):
     Returns:
         `{"position": (B,) int32, "r<factor>_<entry>": ...}`.
     """
+    layout = _layout(options, max_length, key_dim, value_dim, dtype)
+    return {
+        name: ops.zeros((batch_size, *shape), entry_dtype)
+        for name, (shape, entry_dtype) in layout.items()
+    }
+
+
+def _layout(options, max_length, key_dim, value_dim, dtype):
+    """`{name: (shape without the batch, dtype)}` of `initial_state`."""
     p = options.num_prefix_tokens
-    state = {"position": ops.zeros((batch_size,), "int32")}
+    layout = {"position": ((), "int32")}
     for factor, heads in head_groups(options):
         size = capacity(max_length, factor, p)
         n = len(heads)
@@ -120,11 +129,67 @@ def initial_state(options, batch_size, max_length, key_dim, value_dim, dtype):
             )
             if options.standardize:
                 shapes["key_square"] = ((n, key_dim), "float32")
-        for name, (shape, entry_dtype) in shapes.items():
-            state[f"r{factor}_{name}"] = ops.zeros(
-                (batch_size, *shape), entry_dtype
-            )
+        layout.update({f"r{factor}_{k}": v for k, v in shapes.items()})
+    return layout
+
+
+def pack_state(state):
+    """The state as one float32 tensor `(B, 1, 1, X)`, for cache plumbing
+    that passes one tensor per layer (KerasHub's `call_with_cache` stacks
+    and slices them, and its decoders read the cache's axis 2 as the
+    length of the mask they build, here 1): the entries flattened, in the
+    order of their names. Keys and values in float16 or bfloat16, counts
+    and positions below 2^24 are exact in float32."""
+    batch = shape_of(state["position"])[0]
+    flat = [
+        ops.reshape(ops.cast(state[name], "float32"), (batch, -1))
+        for name in sorted(state)
+    ]
+    return ops.concatenate(flat, axis=1)[:, None, None]
+
+
+def unpack_state(packed, options, key_dim, value_dim, dtype):
+    """`pack_state`'s tensor -> the state dict of `options`; the
+    `max_length` it was made for is read from its size."""
+    layout = _packed_layout(packed.shape[-1], options, key_dim, value_dim, dtype)
+    flat, start, state = packed[:, 0, 0], 0, {}
+    for name in sorted(layout):
+        shape, entry_dtype = layout[name]
+        size = math.prod(shape)
+        entry = ops.reshape(flat[:, start : start + size], (-1, *shape))
+        start += size
+        if entry_dtype == "bool":
+            entry = ops.greater(entry, 0.5)
+        elif entry_dtype == "int32":
+            entry = ops.cast(ops.round(entry), "int32")
+        state[name] = _as(entry, entry_dtype)
     return state
+
+
+def _packed_layout(size, options, key_dim, value_dim, dtype):
+    """The layout whose entries add up to `size` numbers per row: the
+    smallest `max_length` that reaches it (each entry grows with it, so
+    every `max_length` of that size lays the same shapes)."""
+
+    def numbers(max_length):
+        layout = _layout(options, max_length, key_dim, value_dim, dtype)
+        return layout, sum(math.prod(s) for s, _ in layout.values())
+
+    low, high = 1, 2**31
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (middle + 1, high) if numbers(middle)[1] < size else (
+            low, middle
+        )
+    layout, found = numbers(low)
+    if found != size:
+        raise ValueError(
+            f"A packed decoding state of {size} numbers per row does not "
+            f"fit the layer's options (head_factors="
+            f"{list(options.head_factors)}, key_dim={key_dim}, "
+            f"value_dim={value_dim}); it was packed for another layer."
+        )
+    return layout
 
 
 def state_bytes(state):
@@ -142,7 +207,7 @@ def _itemsize(dtype):
 
 def decode(
     query, key, value, state, options, beta=None, valid=None, scale=None,
-    flash_attention=None,
+    flash_attention=None, limit=None,
 ):  # fmt: skip
     """Causal softmax attention of T new tokens from `state`.
 
@@ -157,6 +222,8 @@ def decode(
         valid: `(B, T)` boolean key padding of the new tokens, or None.
         scale: float, the logits' scale (default 1 / sqrt(D)).
         flash_attention: passed to `keras.ops.dot_product_attention`.
+        limit: int scalar tensor, or None. Only the tokens at positions
+            < `limit` enter the state (`recurrent.limited`).
 
     Returns:
         `(output (B, T, N, Dv) in value.dtype, new state)`.
@@ -165,7 +232,9 @@ def decode(
     repeats = num_heads // num_kv_heads
     if options.uses_bn:
         beta = (options.beta or 0.0) if beta is None else beta
-    call = (state["position"][:1], beta, scale, flash_attention, repeats)
+    start = state["position"][:1]  # every row stands at the same position
+    taken, valid = recurrent.limited(valid, start, shape_of(query)[1], limit)
+    call = (start, taken, beta, scale, flash_attention, repeats)
     outputs, new_state, order = [], {}, []
     for factor, heads in head_groups(options):
         tag = f"r{factor}_"
@@ -189,7 +258,7 @@ def decode(
     inverse = [order.index(h) for h in range(num_heads)]
     output = outputs[0] if len(outputs) == 1 else ops.concatenate(outputs, 2)
     output = visibility.select_heads(output, inverse, num_heads, 2)
-    new_state["position"] = state["position"] + shape_of(query)[1]
+    new_state["position"] = state["position"] + taken
     return _as(output, keras.backend.standardize_dtype(value.dtype)), new_state
 
 
@@ -224,12 +293,13 @@ def _as(tensor, dtype):
 def _group_step(query, key, value, valid, state, factor, options, call):
     """One group of key/value heads sharing `factor`: lay the new tokens,
     write the slots that end in this call, attend over the slots.
-    `call` is `(start (1,), beta, scale, flash_attention, repeats)`."""
-    start, beta, scale, flash_attention, repeats = call
+    `call` is `(start (1,), taken, beta, scale, flash_attention,
+    repeats)`, `taken` how many new tokens enter the state."""
+    start, taken, beta, scale, flash_attention, repeats = call
     num_new = shape_of(query)[1]
     p = options.num_prefix_tokens
     laid, window = recurrent.lay_new_tokens(
-        key, value, valid, state, factor, p, (start, num_new)
+        key, value, valid, state, factor, p, (start, taken)
     )
     new = dict(state, **window)
     new.update(_write(state, laid, factor, p, start[0], num_new))

@@ -101,12 +101,7 @@ def linear_recurrence(
     """
     num_heads = query.shape[2]
     start = state["position"][:1]  # every row stands at the same position
-    length = shape_of(query)[1]
-    taken = length
-    if limit is not None:
-        taken = ops.clip(ops.cast(limit, "int32") - start[0], 0, length)
-        kept = positions(length)[None] < taken
-        valid = kept if valid is None else ops.logical_and(valid, kept)
+    taken, valid = limited(valid, start, shape_of(query)[1], limit)
     groups = {}
     for head, factor in enumerate(options.head_factors):
         groups.setdefault(factor, []).append(head)
@@ -139,6 +134,18 @@ def linear_recurrence(
     new_state["position"] = state["position"] + taken
     output = ops.cast(merge(outputs, 2), value.dtype)
     return output, new_state
+
+
+def limited(valid, start, length, limit):
+    """`(taken, valid)`: how many of `length` new tokens from position
+    `start` (`(1,)` int32) enter a state when only positions < `limit`
+    may (an int scalar tensor, or None: all of them), and `valid` with the
+    later ones made invalid."""
+    if limit is None:
+        return length, valid
+    taken = ops.clip(ops.cast(limit, "int32") - start[0], 0, length)
+    kept = positions(length)[None] < taken
+    return taken, kept if valid is None else ops.logical_and(valid, kept)
 
 
 def _group_step(query, key, value, valid, state, factor, options, beta, span):

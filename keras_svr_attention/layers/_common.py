@@ -120,13 +120,14 @@ class SVRLayer:
             batch_size: int.
             max_length: int. The longest sequence the state will hold;
                 needed by the softmax modes, ignored by the linear kernel.
-            packed: bool. The linear state as one tensor
+            packed: bool. The state as one tensor, for a layer built with
+                `state_cache=True`: the linear state
                 `(B, 2, R, num_heads, key_dim)`
-                (`functional.recurrent.pack_state`), for a layer built with
-                `state_cache=True`.
+                (`functional.recurrent.pack_state`), a softmax mode's
+                `(B, 1, 1, X)` float32 (`functional.decoding.pack_state`).
 
         Returns:
-            A dict of tensors, or the linear state packed.
+            A dict of tensors, or the state packed.
 
         Examples:
             >>> from keras_svr_attention import SVRAttention
@@ -152,11 +153,6 @@ class SVRLayer:
                 "cache of shape (B, 2, S, num_heads, key_dim) and "
                 f"`cache_update_index`. Received: sparsity={options.sparsity!r}"
             )
-        elif options.kernel == "softmax" and packed:
-            problem = (
-                "kernel='linear' for `packed=True`: a softmax state is a "
-                "dict of differently shaped caches. Received: packed=True"
-            )
         elif options.kernel == "softmax" and not (
             options_lib.is_int(max_length) and max_length > 0
         ):
@@ -172,11 +168,26 @@ class SVRLayer:
             state = recurrent.initial_state(
                 self._plan_options, batch_size, key_dim, value_dim
             )
-            return recurrent.pack_state(state) if packed else state
-        return decoding.initial_state(
-            options, batch_size, int(max_length), key_dim, value_dim,
-            self.compute_dtype,
-        )  # fmt: skip
+        else:
+            state = decoding.initial_state(
+                options, batch_size, int(max_length), key_dim, value_dim,
+                self.compute_dtype,
+            )  # fmt: skip
+        return self._pack_state(state) if packed else state
+
+    def _pack_state(self, state):
+        if self.options.kernel == "linear":
+            return recurrent.pack_state(state)
+        return decoding.pack_state(state)
+
+    def _unpack_state(self, packed):
+        """`get_initial_state(packed=True)`'s tensor -> the state dict."""
+        key_dim, value_dim = self._head_dims()
+        if self.options.kernel == "linear":
+            return recurrent.unpack_state(packed, self._plan_options, key_dim)
+        return decoding.unpack_state(
+            packed, self.options, key_dim, value_dim, self.compute_dtype
+        )
 
     def _check_state_call(
         self, query, value, attention_mask, return_scores, causal, index
@@ -227,7 +238,7 @@ class SVRLayer:
         else:
             output, state = decoding.decode(
                 query, key, value, state, self.options, beta, key_padding,
-                getattr(self, self._SCALE), self._flash_attention,
+                getattr(self, self._SCALE), self._flash_attention, limit,
             )  # fmt: skip
         if query_mask is not None:
             valid = ops.expand_dims(ops.cast(query_mask, "bool"), (2, 3))

@@ -107,21 +107,21 @@ def attention_options(
 
 
 def _check_state_cache(state_cache, kernel, conv_kernel_size, dims):
-    """`state_cache`: a packed linear state needs a plain linear kernel
-    and `dims = (key_dim, value_dim)` that fit in rows of key_dim."""
+    """`state_cache`: a packed state needs no convolution, and the linear
+    kernel's `dims = (key_dim, value_dim)` that fit in rows of key_dim."""
     key_dim, value_dim = dims
     state_cache = boolean("state_cache", state_cache)
     if state_cache and (
-        kernel != "linear"
-        or conv_kernel_size
-        or value_dim not in (None, key_dim)
+        conv_kernel_size
+        or (kernel == "linear" and value_dim not in (None, key_dim))
     ):
         raise ValueError(
-            "`state_cache=True` needs kernel='linear', no "
-            "`conv_kernel_size` and `value_dim` None or equal to `key_dim` "
-            "(the state is packed in rows of key_dim). Received: "
-            f"kernel={kernel!r}, conv_kernel_size={conv_kernel_size!r}, "
-            f"key_dim={key_dim}, value_dim={value_dim!r}"
+            "`state_cache=True` needs no `conv_kernel_size` (a convolved "
+            "key needs the tokens after it) and, with kernel='linear', "
+            "`value_dim` None or equal to `key_dim` (the state is packed in "
+            f"rows of key_dim). Received: kernel={kernel!r}, "
+            f"conv_kernel_size={conv_kernel_size!r}, key_dim={key_dim}, "
+            f"value_dim={value_dim!r}"
         )
     return state_cache
 

@@ -62,8 +62,10 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
             grid instead.
         use_keras_masks: bool. Apply the inputs' Keras masks as
             `MultiHeadAttention` does (False: as KerasHub's cached one).
-        state_cache: bool. With `kernel="linear"`, a `cache` holds the
-            packed recurrent state (KerasHub's `call_with_cache`).
+        state_cache: bool. A `cache` holds the decoding state packed in
+            one tensor (`get_initial_state(packed=True)`), as KerasHub's
+            `call_with_cache` passes it, and `attention_mask` is a causal
+            decoder's mask.
         **kwargs: the other arguments of `MultiHeadAttention`, with their
             meaning there (`value_dim`, `dropout`, `use_bias`,
             `output_shape`, `sliding_window`, `use_gate`, initializers...).
@@ -318,7 +320,7 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
         packed = not isinstance(state, dict)
         if packed:  # causal LM plumbing: its mask and index are not read
             attention_mask, causal, index = None, True, None
-            state = recurrent.unpack_state(state, self.options, self._key_dim)
+            state = self._unpack_state(state)
         self._check_state_call(
             query, value, attention_mask, return_scores, causal, index
         )
@@ -330,7 +332,7 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
         if gate is not None:
             output = ops.multiply(output, gate)
         if packed:
-            state = recurrent.pack_state(state)
+            state = self._pack_state(state)
         return self._output_dense(output), state
 
     def _head_dims(self):

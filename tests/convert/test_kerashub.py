@@ -5,6 +5,7 @@ Tiny backbones built from config: no preset download. BERT and ViT hold
 `CachedMultiHeadAttention` and decodes with a cache.
 """
 
+import math
 import os
 
 import keras
@@ -138,7 +139,7 @@ def _gpt2_lm():
         num_heads=4,
         hidden_dim=16,
         intermediate_dim=32,
-        max_sequence_length=16,
+        max_sequence_length=64,
         dropout=0.0,
     )
     random_weights(backbone, seed=3)
@@ -161,7 +162,11 @@ def test_gpt2_generates_with_a_cache_as_the_full_forward(attention, options):
     tokens = np.zeros((2, length), "int32")
     tokens[:, :prompt] = [[5, 7, 9], [1, 2, 3]]
     padding = np.ones((2, length), bool)
+    # The decoding state: a prefill of the tokens before the prompt's last
+    # (as `generate` resumes there), then one token at a time.
+    new._svr_prefill_limit = ops.convert_to_tensor(prompt - 1)
     _, cache = new._build_cache(ops.convert_to_tensor(tokens))
+    new._svr_prefill_limit = None
     for t in range(prompt, length):
         logits, _, cache = new.call_with_cache(
             ops.convert_to_tensor(tokens[:, t - 1 : t]), cache, t - 1
@@ -205,11 +210,15 @@ def _generate_and_teacher_force(lm):
 
 @pytest.mark.parametrize(
     "attention,options",
-    [("linear", {}), ("linear+bn+sh", {"head_factors": [1, 1, 2, 4]})],
+    [
+        ("softmax", {}),
+        ("bn+sh", {"head_factors": [1, 2, 4, 4]}),
+        ("sh", {"head_factors": [2, 2, 4, 8], "num_prefix_tokens": 1}),
+        ("linear", {}),
+        ("linear+bn+sh", {"head_factors": [1, 1, 2, 4]}),
+    ],
 )
-def test_gpt2_linear_generates_with_the_state_as_teacher_forcing(
-    attention, options
-):
+def test_gpt2_generates_with_the_state_as_teacher_forcing(attention, options):
     new = ksa.replace_attention(_gpt2_lm(), attention, **options)
     layers = [
         layer
@@ -222,13 +231,20 @@ def test_gpt2_linear_generates_with_the_state_as_teacher_forcing(
     _, predicted, generated = _generate_and_teacher_force(new)
     np.testing.assert_array_equal(predicted, generated)
     assert len(generated) == 22
-    # The cache is the layers' states: its size does not grow with the
-    # tokens (here 8 or 16), unlike a key/value cache.
-    ids = np.ones((2, 16), "int32")
-    short = new._build_cache(ops.convert_to_tensor(ids[:, :8]))[1]
-    long = new._build_cache(ops.convert_to_tensor(ids))[1]
-    assert tuple(short.shape) == tuple(long.shape)
-    assert short.shape[3] < 8
+    ids = ops.convert_to_tensor(np.ones((2, 64), "int32"))
+    cache = new._build_cache(ids)[1]
+    kv_cache = _gpt2_lm()._build_cache(ids)[1]
+    ratio = math.prod(cache.shape) / math.prod(kv_cache.shape)
+    if attention.startswith("linear"):
+        # The layers' states: their size does not grow with the tokens.
+        assert cache.shape == new._build_cache(ids[:, :8])[1].shape
+        assert ratio < 0.2
+    elif attention == "softmax":  # keys, values, valid slots, a position
+        assert 1 < ratio < 1.05
+    else:  # a head pooled by r holds about 1 / r of the slots (and, at
+        # key_dim 4, a few sums and flags as large as slots)
+        factors = options["head_factors"]
+        assert ratio < sum(1 / r for r in factors) / len(factors) + 0.15
 
 
 def test_gpt2_decoding_with_the_state_survives_keras_save_and_load(tmp_path):

@@ -237,6 +237,45 @@ def test_any_options_and_any_pieces_decode_as_the_full_forward(
     assert_allclose(got, _full(layer, x, valid), atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("mode", ["bn+sh-prefix", "bn-std+sh-window-prefix"])
+def test_the_packed_state_decodes_as_the_state(mode):
+    # A causal LM's plumbing (KerasHub's call_with_cache) passes one tensor
+    # per layer: the packed state, unpacked and packed again by the layer.
+    layer = _layer("svr", STATE_MODES[mode])
+    packing = ksa.SVRAttention.from_config(
+        {**layer.get_config(), "state_cache": True}
+    )
+    x, valid = _inputs(seed=3)
+    packing(x, x)
+    packing.set_weights(layer.get_weights())
+    state = packing.get_initial_state(2, max_length=LENGTH + 3, packed=True)
+    assert len(state.shape) == 4 and state.shape[1:3] == (1, 1)
+    outputs = []
+    for t in range(LENGTH):
+        piece, mask = x[:, t : t + 1], valid[:, t : t + 1]
+        y, state = packing(
+            piece, piece, query_mask=mask, value_mask=mask, cache=state
+        )
+        outputs.append(ops.convert_to_numpy(y))
+    got = np.concatenate(outputs, axis=1)
+    assert_allclose(got, _full(layer, x, valid), atol=1e-5, rtol=1e-5)
+    # Every entry comes back as it was kept, in its dtype.
+    _, kept = _decode(layer, x, valid, [5], max_length=LENGTH + 3)
+    back = decoding.unpack_state(
+        decoding.pack_state(kept), layer.options, 3, 3, "float32"
+    )
+    assert set(back) == set(kept)
+    for name, tensor in kept.items():
+        assert back[name].dtype == tensor.dtype, name
+        np.testing.assert_array_equal(
+            ops.convert_to_numpy(back[name]), ops.convert_to_numpy(tensor)
+        )
+    # One number short: no max_length lays that size (an unpooled head
+    # adds 2 key_dim + 1 numbers per position).
+    with pytest.raises(ValueError, match="packed for another layer"):
+        packing(x[:, :1], x[:, :1], cache=state[..., :-1])
+
+
 def test_what_has_no_state_says_why():
     with pytest.raises(ValueError, match="`max_length`, a positive int"):
         ksa.SVRAttention(num_heads=2, key_dim=3).get_initial_state(1)
@@ -247,10 +286,6 @@ def test_what_has_no_state_says_why():
         layer = ksa.SVRAttention(num_heads=2, key_dim=3, **options)
         with pytest.raises(ValueError, match=match):
             layer.get_initial_state(1, max_length=8)
-    with pytest.raises(ValueError, match="packed=True"):
-        ksa.SVRAttention(num_heads=2, key_dim=3).get_initial_state(
-            1, max_length=8, packed=True
-        )
     layer = _layer("gqa", {})
     x = np.zeros((2, 3, WIDTH), "float32")
     with pytest.raises(ValueError, match="`cache` must be a decoding state"):
