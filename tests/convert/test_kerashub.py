@@ -247,10 +247,13 @@ def test_gpt2_generates_with_the_state_as_teacher_forcing(attention, options):
         assert ratio < sum(1 / r for r in factors) / len(factors) + 0.15
 
 
-def test_gpt2_decoding_with_the_state_survives_keras_save_and_load(tmp_path):
-    new = ksa.replace_attention(_gpt2_lm(), "linear+bn", beta=0.5)
+@pytest.mark.parametrize("attention", ["linear+bn", "bn+sh"])
+def test_gpt2_decoding_with_the_state_survives_keras_save_and_load(
+    attention, tmp_path
+):
+    new = ksa.replace_attention(_gpt2_lm(), attention, beta=0.5)
     tokens = _generate_and_teacher_force(new)[0]
-    path = str(tmp_path / "gpt2_linear.keras")
+    path = str(tmp_path / "gpt2.keras")
     new.save(path)
     loaded = keras.saving.load_model(path)
     # The class that decodes with the state, and layers that hold it.
