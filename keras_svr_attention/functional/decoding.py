@@ -393,18 +393,23 @@ def _write(state, laid, factor, p, start, num_new):
     }
     if "first" in state:
         written["first"] = ops.cast(ops.round(block["first"]), "int32")
+    one = isinstance(num_new, int) and num_new == 1
+    # Slots are axis 1 of `valid` and `first`, axis 2 of the heads; the
+    # start of each write as one int32 tensor (no list to convert).
+    first_slot = ops.cast(ops.reshape(first_slot, (1,)), "int32")
+    zero = ops.zeros((1,), "int32")
+    flat_at = ops.concatenate([zero, first_slot])
+    heads_at = ops.concatenate([zero, zero, first_slot, zero])
     new = {}
     for name, tensor in written.items():
         target = state[name]
-        # Slots are axis 1 of `valid` and `first`, axis 2 of the heads.
-        at = (
-            [0, first_slot] if len(target.shape) == 2 else [0, 0, first_slot, 0]
-        )
-        new[name] = ops.slice_update(
-            target,
-            at,
-            _as(tensor, keras.backend.standardize_dtype(target.dtype)),
-        )
+        tensor = _as(tensor, keras.backend.standardize_dtype(target.dtype))
+        if len(target.shape) == 2 and one:  # (B, C): one slot, selected
+            hit = positions(target.shape[1]) == first_slot
+            new[name] = ops.where(hit[None], tensor, target)
+        else:
+            at = flat_at if len(target.shape) == 2 else heads_at
+            new[name] = ops.slice_update(target, at, tensor)
     return new
 
 

@@ -191,9 +191,12 @@ def prefix_moments(laid_keys, weights, state, factor, options, start):
     initial = {name: state[name] for name in names if name in state}
     first = 0 if options.num_prefix_tokens or factor == 1 else factor - 1
     here, last = first - start[0], shape_of(laid_keys)[1] - 1
-    inside = ops.logical_and(here >= 0, here <= last)
-    here = ops.minimum(ops.maximum(here, 0), last)
-    first = ops.take(laid_keys, here[None], axis=1)[:, 0]
+    if isinstance(last, int) and last == 0:  # one new key, a step
+        inside, first = here == 0, laid_keys[:, 0]
+    else:
+        inside = ops.logical_and(here >= 0, here <= last)
+        here = ops.minimum(ops.maximum(here, 0), last)
+        first = ops.take(laid_keys, here[None], axis=1)[:, 0]
     initial["shift"] = ops.where(inside, first, state["shift"])
     return statistics.running_moments(
         laid_keys, weights, options.standardize, initial

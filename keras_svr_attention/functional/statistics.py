@@ -50,7 +50,10 @@ def running_moments(keys, weights=None, with_variance=False, initial=None):
     feats = {"key_count": weights, "key_sum": keys * weights}
     if with_variance:
         feats["key_square"] = ops.square(keys) * weights
-    sums = {name: ops.cumsum(f, axis=1) for name, f in feats.items()}
+    if isinstance(num_keys, int) and num_keys == 1:  # a decoding step
+        sums = feats
+    else:
+        sums = {name: ops.cumsum(f, axis=1) for name, f in feats.items()}
     if initial is not None:
         sums["key_count"] = sums["key_count"] + ops.expand_dims(
             initial["key_count"], (1, 3)

@@ -121,3 +121,37 @@ def test_one_head_group_with_a_scale_keeps_the_logits():
     np.testing.assert_allclose(
         keras.ops.convert_to_numpy(fused)[:, :, 0], want, atol=1e-5
     )
+
+
+def test_a_decoding_step_writes_its_slots_without_a_scan(monkeypatch):
+    # One new token: per head group two `slice_update`s (keys, values),
+    # its slot flag selected, and no cumulative sum (the window's and
+    # Attention-BN's sums are the state's plus the token).
+    calls = collections.Counter()
+    for name in ("slice_update", "cumsum"):
+        original = getattr(keras_backend.core, name, None) or getattr(
+            keras_backend.numpy, name
+        )
+
+        def spy(*args, _name=name, _original=original, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        module = (
+            keras_backend.core
+            if hasattr(keras_backend.core, name)
+            else keras_backend.numpy
+        )
+        monkeypatch.setattr(module, name, spy)
+    factors = [1, 1, 2, 4]
+    layer = ksa.SVRAttention(
+        num_heads=4, key_dim=3, beta=1.0, head_factors=factors
+    )
+    x = np.random.default_rng(0).normal(size=(2, 6, 8)).astype("float32")
+    state = layer.get_initial_state(2, max_length=8)
+    _, state = layer(x, x, cache=state, use_causal_mask=True)
+    assert calls["cumsum"] > 0  # the spies see a prefill's sums
+    calls.clear()
+    layer(x[:, :1], x[:, :1], cache=state, use_causal_mask=True)
+    assert calls["slice_update"] == 2 * len(set(factors))
+    assert calls["cumsum"] == 0
