@@ -23,6 +23,8 @@ import inspect
 from keras import ops
 
 from keras_svr_attention.convert._subclass import subclass
+from keras_svr_attention.functional import decoding
+from keras_svr_attention.functional.options import svr_options
 from keras_svr_attention.ops import svr_dot_product_attention
 
 # The op's options a hooked layer takes (no weights of its own: no
@@ -34,6 +36,7 @@ HOOK_OPTIONS = (
     "head_factors",
     "kernel",
     "num_prefix_tokens",
+    "state_cache",
 )
 
 
@@ -184,6 +187,7 @@ class HookedAttention:
         key_bias=None,
     ):
         options = dict(self._svr_hook_options)
+        options.pop("state_cache", None)
         if cache_update_index is None:  # GPT-OSS names it start_index
             cache_update_index = start_index
         factors = options.pop("head_factors", None)
@@ -350,6 +354,63 @@ class NeoXRotary(CallTakenOver):
         return query, key
 
 
+class RotaryState(HookedAttention):
+    """Llama's attention decoding from its mode's state (the decoding
+    page): a cache of rank 4 is a packed state
+    (`functional.decoding.pack_state`), whose new tokens are projected and
+    rotated at `cache_update_index` as Llama's `call` does, then laid in
+    per key/value head (`functional.decoding.decode`), so SH's pooled
+    slots and GQA's shared heads both shrink it. Any other call is
+    Llama's own, with the hook."""
+
+    def call(
+        self,
+        hidden_states,
+        attention_mask=None,
+        cache=None,
+        cache_update_index=None,
+        training=None,
+    ):
+        if cache is None or len(cache.shape) != 4:
+            return super().call(
+                hidden_states, attention_mask=attention_mask, cache=cache,
+                cache_update_index=cache_update_index, training=training,
+            )  # fmt: skip
+        index = 0 if cache_update_index is None else cache_update_index
+        rotary = self.rotary_embedding_layer
+        query = rotary(self._query_dense(hidden_states), start_index=index)
+        key = rotary(self._key_dense(hidden_states), start_index=index)
+        value = self._value_dense(hidden_states)
+        options, dim = self._svr_state_options(), self._key_dense.kernel.shape[-1]
+        state = decoding.unpack_state(
+            cache, options, dim, dim, self.compute_dtype
+        )
+        out, state = decoding.decode(
+            query, key, value, state, options, scale=logit_scale(self),
+            limit=getattr(self, "_prefill_limit", None),
+        )  # fmt: skip
+        out = self._output_dense(ops.cast(out, self.compute_dtype))
+        return out, decoding.pack_state(state)
+
+    def get_initial_state(self, batch_size, max_length, packed=True):
+        """The packed state before any token, for `max_length` tokens."""
+        dim = self._key_dense.kernel.shape[-1]
+        state = decoding.initial_state(
+            self._svr_state_options(), batch_size, max_length, dim, dim,
+            self.compute_dtype,
+        )  # fmt: skip
+        return decoding.pack_state(state)
+
+    def _svr_state_options(self):
+        options = dict(self._svr_hook_options)
+        options.pop("state_cache", None)
+        return svr_options(key_value_heads(self), **options)
+
+
+# KerasHub attentions whose converted `call` decodes from the state, by
+# class name.
+STATE_CALLS = {"LlamaAttention": RotaryState}
+
 # KerasHub attentions whose `call` conversion takes over, by class name;
 # those with ALiBi.
 TAKEN_OVER = {
@@ -366,6 +427,8 @@ def hook(layer, options):
         c for c in type(layer).__mro__ if not issubclass(c, HookedAttention)
     )
     mixin = TAKEN_OVER.get(base.__name__, HookedAttention)
+    if options.get("state_cache"):
+        mixin = STATE_CALLS[base.__name__]
     layer._svr_hook_options = dict(options)
     layer.__class__ = subclass(mixin, base)
     return layer

@@ -42,7 +42,8 @@ def state_layers(model):
     return [
         layer
         for layer in internals.flatten_layers(model)
-        if isinstance(layer, SVRAttention) and layer.options.state_cache
+        if (isinstance(layer, SVRAttention) and layer.options.state_cache)
+        or getattr(layer, "_svr_hook_options", {}).get("state_cache")
     ]
 
 

@@ -143,6 +143,16 @@ def _hook_options(layer, attention, options):
             )
         hooked = presets.options_for(attention, num_kv_heads, **options)
         features = llm.softmax_only_features(layer)
+        if hooked.get("state_cache") and (
+            type(layer).__name__ not in llm.STATE_CALLS
+            or hooked.get("kernel") == "linear"
+        ):
+            raise ValueError(
+                "`state_cache=True` (decoding from the mode's state) is "
+                f"taken by {sorted(llm.STATE_CALLS)} under the softmax "
+                f"kernel. Received: {type(layer).__name__}, "
+                f"kernel={hooked.get('kernel', 'softmax')!r}"
+            )
         if hooked.get("kernel") == "linear" and features:
             raise ValueError(
                 "this layer's attention has " + "; ".join(features)
@@ -286,18 +296,22 @@ def _preprocessor(model, serialized):
 
 
 def _decodes_with_state(model, attention, options, layers):
-    """A KerasHub causal LM whose every attention is KerasHub's cached one,
-    converted to a mode with a decoding state (no sparse pattern, no
-    convolution): it generates with its layers' states
-    (`_state_decoding`)."""
+    """A KerasHub causal LM converted to a mode with a decoding state (no
+    sparse pattern, no convolution) whose every attention is KerasHub's
+    cached one, or (softmax kernels) one of `llm.STATE_CALLS`: it
+    generates with its layers' states (`_state_decoding`)."""
     named = presets.options_for(attention, 1)
     chosen = {**named, **{k: v for k, v in options.items() if v is not None}}
     cached = _cached_attention_class()
+    takes_state = all(type(layer) is cached for layer in layers) or (
+        chosen.get("kernel", "softmax") == "softmax"
+        and all(type(layer).__name__ in llm.STATE_CALLS for layer in layers)
+    )
     return (
         not chosen.get("sparsity")
         and not chosen.get("conv_kernel_size")
         and state_decoding.can_decode_with_state(model)
-        and all(type(layer) is cached for layer in layers)
+        and takes_state
     )
 
 

@@ -450,3 +450,49 @@ def test_lora_and_int8_reach_the_same_sublayers_after_conversion(family):
     got = ops.convert_to_numpy(quantized(x))
     assert np.all(np.isfinite(got))
     assert np.abs(got - want).max() < 0.1 * np.abs(want).max()
+
+
+@pytest.mark.parametrize(
+    "attention,options",
+    [("softmax", {}), ("bn+sh", {"head_factors": [2, 4]})],
+)
+def test_llama_generates_with_its_modes_state_as_teacher_forcing(
+    attention, options, tmp_path
+):
+    # Llama's attention takes over its call to decode from the state: its
+    # cache is the stacked packed states, per key/value head (GQA) and
+    # pooled by SH; greedy generate() equals one full causal forward, also
+    # after .keras save and load.
+    lm = _llama()
+    new = ksa.replace_attention(lm, attention, **options)
+    assert all(
+        type(layer).__mro__[1].__name__ == "RotaryState"
+        for layer in _attention_layers(new)
+    )
+    prompt = _batch(length=24)
+    prompt["padding_mask"][:, 7:] = False
+    prompt["padding_mask"][1, 5:] = False
+    prompt["token_ids"][~prompt["padding_mask"]] = 0
+    new.compile(sampler="greedy")
+    path = os.path.join(tmp_path, "lm.keras")
+    new.save(path)
+    for model in (new, keras.saving.load_model(path)):
+        model.compile(sampler="greedy")
+        out = model.generate(prompt, max_length=24, stop_token_ids=None)
+        tokens = ops.convert_to_numpy(out["token_ids"])
+        logits = ops.convert_to_numpy(
+            model({"token_ids": tokens, "padding_mask": np.ones_like(tokens)})
+        )
+        generated = ~prompt["padding_mask"]
+        rows, cols = np.nonzero(generated)
+        np.testing.assert_array_equal(
+            logits[rows, cols - 1].argmax(-1), tokens[rows, cols]
+        )
+    ids = ops.convert_to_tensor(prompt["token_ids"])
+    cache = new._build_cache(ids)[1]
+    kv_cache = lm._build_cache(ids)[1]
+    ratio = np.prod(cache.shape) / np.prod(kv_cache.shape)
+    if attention == "softmax":  # the keys and values, slot flags, positions
+        assert tuple(cache.shape[2:4]) == (1, 1) and 1 < ratio < 1.1
+    else:  # key/value heads pooled by 2 and 4, plus open windows and sums
+        assert ratio < (1 / 2 + 1 / 4) / 2 + 0.15
