@@ -381,7 +381,8 @@ class RotaryState(HookedAttention):
         query = rotary(self._query_dense(hidden_states), start_index=index)
         key = rotary(self._key_dense(hidden_states), start_index=index)
         value = self._value_dense(hidden_states)
-        options, dim = self._svr_state_options(), self._key_dense.kernel.shape[-1]
+        options = self._svr_state_options()
+        dim = self._key_dense.kernel.shape[-1]
         state = decoding.unpack_state(
             cache, options, dim, dim, self.compute_dtype
         )

@@ -1,13 +1,14 @@
-"""KerasHub causal LMs whose attention is KerasHub's cached one (GPT-2)
-generate with their mode's decoding state (the rules page, "Decoding
-state" and "Linear state") instead of a key/value cache: SH's pooled
-keys and values, Attention-BN's running sums, the linear kernel's
-recurrent state.
+"""KerasHub causal LMs whose attention is KerasHub's cached one (GPT-2),
+or Llama's under a softmax mode (`_llm_hook.STATE_CALLS`), generate with
+their mode's decoding state (the rules page, "Decoding state" and
+"Linear state") instead of a key/value cache: SH's pooled keys and
+values, Attention-BN's running sums, the linear kernel's recurrent state.
 
 The LM's own plumbing is kept: `call_with_cache` slices one cache tensor
 per decoder layer and stacks them back, so each layer's state travels
-packed in one tensor (`SVRAttention(state_cache=True)`,
-`get_initial_state(packed=True)`). Two methods change:
+packed in one tensor (`SVRAttention(state_cache=True)`, or the hook's
+`state_cache` option; `get_initial_state(packed=True)`). Two methods
+change:
 
 - `_build_cache` stacks the layers' initial states for the token buffer's
   length and prefills them with one call over the buffer;

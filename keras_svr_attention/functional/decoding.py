@@ -151,7 +151,9 @@ def pack_state(state):
 def unpack_state(packed, options, key_dim, value_dim, dtype):
     """`pack_state`'s tensor -> the state dict of `options`; the
     `max_length` it was made for is read from its size."""
-    layout = _packed_layout(packed.shape[-1], options, key_dim, value_dim, dtype)
+    layout = _packed_layout(
+        packed.shape[-1], options, key_dim, value_dim, dtype
+    )
     flat, start, state = packed[:, 0, 0], 0, {}
     for name in sorted(layout):
         shape, entry_dtype = layout[name]
@@ -178,9 +180,10 @@ def _packed_layout(size, options, key_dim, value_dim, dtype):
     low, high = 1, 2**31
     while low < high:
         middle = (low + high) // 2
-        low, high = (middle + 1, high) if numbers(middle)[1] < size else (
-            low, middle
-        )
+        if numbers(middle)[1] < size:
+            low = middle + 1
+        else:
+            high = middle
     layout, found = numbers(low)
     if found != size:
         raise ValueError(

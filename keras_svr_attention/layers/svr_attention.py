@@ -6,7 +6,6 @@ from keras import ops
 
 from keras_svr_attention.api_export import svr_export
 from keras_svr_attention.functional import conv
-from keras_svr_attention.functional import recurrent
 from keras_svr_attention.functional._tensors import positions
 from keras_svr_attention.functional._tensors import shape_of
 from keras_svr_attention.layers import _common as common
