@@ -34,6 +34,7 @@ heads of a key/value head attend to its slots as extra query rows, so no
 slot is repeated.
 """
 
+import functools
 import math
 
 import keras
@@ -152,8 +153,9 @@ def unpack_state(packed, options, key_dim, value_dim, dtype):
     """`pack_state`'s tensor -> the state dict of `options`; the
     `max_length` it was made for is read from its size."""
     layout = _packed_layout(
-        packed.shape[-1], options, key_dim, value_dim, dtype
-    )
+        packed.shape[-1], options, key_dim, value_dim,
+        keras.backend.standardize_dtype(dtype),
+    )  # fmt: skip
     flat, start, state = packed[:, 0, 0], 0, {}
     for name in sorted(layout):
         shape, entry_dtype = layout[name]
@@ -168,6 +170,7 @@ def unpack_state(packed, options, key_dim, value_dim, dtype):
     return state
 
 
+@functools.lru_cache(maxsize=256)
 def _packed_layout(size, options, key_dim, value_dim, dtype):
     """The layout whose entries add up to `size` numbers per row: the
     smallest `max_length` that reaches it (each entry grows with it, so
