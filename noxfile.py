@@ -272,7 +272,7 @@ def floor(session):
 @nox.parametrize("backend", BACKENDS)
 def examples(session, backend):
     """Every example and the offline suite in smoke mode (1 epoch)."""
-    _install(session, backend, "examples")
+    _install(session, backend, "examples,hub", hub=True)
     env = _env(backend)
     tmp = session.create_tmp()
 
@@ -301,6 +301,9 @@ def examples(session, backend):
         print(log)
         if log is not None and "data parallel over 2 devices" not in log:
             session.error("data_parallel.py did not use two devices")
+    # The language-model studies: uptraining after conversion, and recall.
+    example("lm_uptraining", "--output", f"{tmp}/lm")
+    example("mqar", "--output", f"{tmp}/mqar")
     suite = ["benchmarks/offline_suite.py", "--smoke", "--output", tmp]
     suite += ["--datasets", "UnitTest", "--seeds", "2", "--candidates", "2"]
     session.run("python", *suite, env=env)  # runs, then reports

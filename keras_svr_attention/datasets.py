@@ -1,11 +1,21 @@
-"""UEA/UCR time-series classification sets as padded, masked arrays.
+"""Data for the examples, offline by default.
 
-aeon is an optional dependency (`pip install -e ".[examples]"`), imported
-inside the functions.
+- UEA/UCR time-series classification sets as padded, masked arrays
+  (`load_uea`; aeon is an optional dependency, `pip install -e
+  ".[examples]"`, imported inside the functions);
+- English text as bytes for a byte-level language model (`load_text`):
+  the standard library's docstrings by default, a file or a standard corpus
+  on request;
+- multi-query associative recall (`mqar`), the recall probe of Zoology
+  (Arora et al. 2023).
 """
 
+import ast
+import functools
 import math
 import os
+import sysconfig
+import zlib
 
 import keras
 import numpy as np
@@ -100,3 +110,167 @@ def _patch_mean(x, mask, patch):
     total = (x.reshape(len(x), -1, patch, x.shape[-1]) * w).sum(2)
     count = w.sum(2)
     return total / np.maximum(count, 1), count[..., 0] > 0
+
+
+# Standard corpora for `load_text`, downloaded (once, into Keras's cache)
+# only when named: the default needs no network.
+TEXT_CORPORA = {
+    "tiny-shakespeare": "https://raw.githubusercontent.com/karpathy/"
+    "char-rnn/master/data/tinyshakespeare/input.txt",
+    "enwik8": "http://mattmahoney.net/dc/enwik8.zip",
+}
+TEXT_SPLITS = ("train", "validation", "test")
+# Folders of the standard library that hold no module docstrings of their
+# own (tests, IDLE's tests, installed packages).
+_NOT_STDLIB = {"site-packages", "dist-packages", "test", "tests", "idle_test"}
+
+
+def load_text(source="stdlib"):
+    """English text as bytes, split into train, validation and test.
+
+    `"stdlib"` (the default, offline): every docstring of the standard
+    library of the running Python, read with `ast` without importing a
+    module (about 1.7 MB). Splits are by module, never by bytes: a module
+    goes to test when `crc32(its path) % 20 == 0`, to validation when it is
+    1, to train otherwise (about 90/5/5), so one module's docstrings never
+    straddle two splits and the split does not depend on the machine.
+
+    A path to a text file, `"tiny-shakespeare"` or `"enwik8"` (downloaded
+    once through `keras.utils.get_file`): the bytes are cut in order, the
+    first 90% for train, the next 5% validation, the last 5% test.
+
+    Args:
+        source: str. `"stdlib"`, a file path, or a name in `TEXT_CORPORA`.
+
+    Returns:
+        A dict `{"train": bytes, "validation": bytes, "test": bytes}`.
+
+    Raises:
+        ValueError: `source` is neither a file nor a known name.
+
+    Example:
+    ```python
+    text = load_text()
+    len(text["train"]) > 10 * len(text["test"])  # True
+    ```
+    """
+    if source == "stdlib":
+        return dict(_stdlib_docstrings())
+    if source in TEXT_CORPORA:
+        source = _download(source)
+    elif not os.path.isfile(source):
+        raise ValueError(
+            f"`source` must be 'stdlib', a text file or one of "
+            f"{sorted(TEXT_CORPORA)}; got {source!r}"
+        )
+    with open(source, "rb") as f:
+        data = f.read()
+    cuts = [0, int(0.9 * len(data)), int(0.95 * len(data)), len(data)]
+    return {
+        split: data[start:end]
+        for split, start, end in zip(
+            TEXT_SPLITS, cuts[:-1], cuts[1:], strict=True
+        )
+    }
+
+
+def _download(name):
+    url = TEXT_CORPORA[name]
+    if not url.endswith(".zip"):
+        return keras.utils.get_file(f"{name}.txt", url)
+    folder = keras.utils.get_file(f"{name}.zip", url, extract=True)
+    return os.path.join(folder, name)
+
+
+@functools.lru_cache(maxsize=1)  # parsing every module takes seconds
+def _stdlib_docstrings():
+    root = sysconfig.get_paths()["stdlib"]
+    parts = {split: [] for split in TEXT_SPLITS}
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = sorted(set(subfolders) - _NOT_STDLIB)
+        for name in sorted(files):
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(folder, name)
+            module = os.path.relpath(path, root).replace(os.sep, "/")
+            text = _docstrings(path)
+            if text:
+                bucket = zlib.crc32(module.encode()) % 20
+                split = {0: "test", 1: "validation"}.get(bucket, "train")
+                parts[split].append(text)
+    return {k: "\n\n".join(v).encode() for k, v in parts.items()}
+
+
+def _docstrings(path):
+    """A module's docstrings (module, classes, functions) in source order."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (SyntaxError, UnicodeDecodeError, ValueError):
+        return ""  # a file of another Python version or encoding
+    kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    nodes = [n for n in ast.walk(tree) if isinstance(n, kinds)]
+    nodes.sort(key=lambda n: getattr(n, "lineno", 0))
+    texts = (ast.get_docstring(n) for n in nodes)
+    return "\n\n".join(t for t in texts if t)
+
+
+def mqar(num_examples, sequence_length, num_pairs, vocabulary_size, seed=0):
+    """Multi-query associative recall, as Zoology (Arora et al. 2023) poses it.
+
+    Keys come from tokens `[1, V/2)`, values from `[V/2, V)`. Each sequence
+    opens with `num_pairs` pairs `k_1 v_1 ... k_P v_P` (distinct keys,
+    distinct values); after them, every key appears once more, as a query,
+    at an even offset `2 g` into the rest of the sequence, the gaps `g`
+    drawn without replacement with probability proportional to
+    `g^(alpha - 1)`, `alpha = 0.01` (short gaps more likely). The target at
+    a query is the token that follows it: its key's value. Every other
+    position holds a random token and no target (`weights` 0). A model
+    solves the task only if each query retrieves its pair from the context.
+
+    Args:
+        num_examples: int.
+        sequence_length: int. `T`, even, at least `4 * num_pairs`.
+        num_pairs: int. `P`, key/value pairs per sequence.
+        vocabulary_size: int. `V`, larger than `T` and than `2 * P + 1`.
+        seed: int. The NumPy generator's seed.
+
+    Returns:
+        `(inputs, targets, weights)`: int32 `(N, T)` tokens, int32 `(N, T)`
+        next tokens to predict, float32 `(N, T)` with 1 at the `P` queries.
+
+    Raises:
+        ValueError: the sizes do not fit (the message names which).
+
+    Example:
+    ```python
+    x, y, w = mqar(2, 64, 8, 128)
+    (x.shape, int(w.sum()))  # ((2, 64), 16)
+    ```
+    """
+    if sequence_length % 2 or sequence_length < 4 * num_pairs:
+        raise ValueError(
+            "`sequence_length` must be even and at least 4 * num_pairs "
+            f"({4 * num_pairs}); got {sequence_length}"
+        )
+    if vocabulary_size <= max(sequence_length, 2 * num_pairs + 1):
+        raise ValueError(
+            "`vocabulary_size` must exceed sequence_length and "
+            f"2 * num_pairs + 1; got {vocabulary_size}"
+        )
+    rng = np.random.default_rng(seed)
+    half, context = vocabulary_size // 2, 2 * num_pairs
+    gaps = np.arange(1, (sequence_length - context) // 2 + 1)
+    p = gaps ** (0.01 - 1.0)
+    inputs = rng.integers(0, vocabulary_size, (num_examples, sequence_length))
+    targets = np.zeros((num_examples, sequence_length), "int32")
+    weights = np.zeros((num_examples, sequence_length), "float32")
+    for row in range(num_examples):
+        keys = rng.choice(np.arange(1, half), num_pairs, replace=False)
+        values = rng.choice(np.arange(half, vocabulary_size), num_pairs, False)
+        inputs[row, 0:context:2], inputs[row, 1:context:2] = keys, values
+        g = rng.choice(len(gaps), num_pairs, replace=False, p=p / p.sum())
+        queries = context + 2 * g
+        inputs[row, queries] = keys
+        targets[row, queries], weights[row, queries] = values, 1.0
+    return inputs.astype("int32"), targets, weights

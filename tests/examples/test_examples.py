@@ -22,6 +22,8 @@ SCRIPTS = [
     "image_augmentation.py",
     "data_parallel.py",
     "convert_pretrained.py",
+    "lm_uptraining.py",
+    "mqar.py",
 ]
 
 
@@ -134,3 +136,41 @@ def test_smoke_run_logs_plain_lines_and_writes_full_results(tmp_path):
         assert (tmp_path / f"{name}.png").stat().st_size > 1000
     table = (tmp_path / "results.md").read_text()
     assert "final epoch" in table and "paper's protocol" in table
+
+
+@pytest.mark.slow  # trains: `nox -s slow` (and `nox -s examples` runs it)
+@pytest.mark.parametrize(
+    "script,args,other",
+    [
+        ("lm_uptraining.py", ["--modes", "softmax,bn+sh"], "--fractions=0.5"),
+        ("mqar.py", ["--modes", "softmax,linear"], "--widths=16"),
+    ],
+)
+def test_the_lm_studies_write_their_table_and_resume(
+    script, args, other, tmp_path
+):
+    pytest.importorskip("keras_hub")
+    out = ["--smoke", *args, "--output", str(tmp_path)]
+    first = _run(script, *out)
+    assert first.returncode == 0, first.stderr[-2000:]
+    table = (tmp_path / "results.md").read_text()
+    body = [line for line in table.splitlines() if line.startswith("| ")]
+    assert len(body) == 3, table  # the head, then one row per mode
+    assert "nan" not in table
+    runs = sorted(p.name for p in tmp_path.glob("*.json"))
+
+    def trained(done):  # each run logs one line ending in its time
+        return [x for x in done.stdout.splitlines() if x.endswith(" s)")]
+
+    assert trained(first)
+    # Everything is on disk: a second run trains nothing and writes the
+    # same table.
+    again = _run(script, *out)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert not trained(again)
+    assert (tmp_path / "results.md").read_text() == table
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == runs
+    # Another configuration in the same folder is refused.
+    refused = _run(script, *out, other)
+    assert refused.returncode != 0
+    assert "another configuration" in refused.stderr
