@@ -114,12 +114,12 @@ def _patch_mean(x, mask, patch):
 
 # Standard corpora for `load_text`, downloaded (once, into Keras's cache)
 # only when named: the default needs no network.
-TEXT_CORPORA = {
+_CORPORA = {
     "tiny-shakespeare": "https://raw.githubusercontent.com/karpathy/"
     "char-rnn/master/data/tinyshakespeare/input.txt",
     "enwik8": "http://mattmahoney.net/dc/enwik8.zip",
 }
-TEXT_SPLITS = ("train", "validation", "test")
+_SPLITS = ("train", "validation", "test")
 # Folders of the standard library that hold no module docstrings of their
 # own (tests, IDLE's tests, installed packages).
 _NOT_STDLIB = {"site-packages", "dist-packages", "test", "tests", "idle_test"}
@@ -140,7 +140,7 @@ def load_text(source="stdlib"):
     first 90% for train, the next 5% validation, the last 5% test.
 
     Args:
-        source: str. `"stdlib"`, a file path, or a name in `TEXT_CORPORA`.
+        source: str. `"stdlib"`, a file path, or "tiny-shakespeare" or "enwik8".
 
     Returns:
         A dict `{"train": bytes, "validation": bytes, "test": bytes}`.
@@ -156,26 +156,24 @@ def load_text(source="stdlib"):
     """
     if source == "stdlib":
         return dict(_stdlib_docstrings())
-    if source in TEXT_CORPORA:
+    if source in _CORPORA:
         source = _download(source)
     elif not os.path.isfile(source):
         raise ValueError(
             f"`source` must be 'stdlib', a text file or one of "
-            f"{sorted(TEXT_CORPORA)}; got {source!r}"
+            f"{sorted(_CORPORA)}; got {source!r}"
         )
     with open(source, "rb") as f:
         data = f.read()
     cuts = [0, int(0.9 * len(data)), int(0.95 * len(data)), len(data)]
     return {
         split: data[start:end]
-        for split, start, end in zip(
-            TEXT_SPLITS, cuts[:-1], cuts[1:], strict=True
-        )
+        for split, start, end in zip(_SPLITS, cuts[:-1], cuts[1:], strict=True)
     }
 
 
 def _download(name):
-    url = TEXT_CORPORA[name]
+    url = _CORPORA[name]
     if not url.endswith(".zip"):
         return keras.utils.get_file(f"{name}.txt", url)
     folder = keras.utils.get_file(f"{name}.zip", url, extract=True)
@@ -185,7 +183,7 @@ def _download(name):
 @functools.lru_cache(maxsize=1)  # parsing every module takes seconds
 def _stdlib_docstrings():
     root = sysconfig.get_paths()["stdlib"]
-    parts = {split: [] for split in TEXT_SPLITS}
+    parts = {split: [] for split in _SPLITS}
     for folder, subfolders, files in os.walk(root):
         subfolders[:] = sorted(set(subfolders) - _NOT_STDLIB)
         for name in sorted(files):
