@@ -1,28 +1,26 @@
 """SVR attention inside decoder LLM attention layers (KerasHub's Llama,
-Mistral, Qwen, Qwen3 and their MoE variants, SmolLM3, GPT-NeoX, Gemma,
-Gemma 3, GPT-OSS, Bloom, Falcon and layers built the same way).
+Mistral, Qwen, Qwen3, Qwen3.5 and the MoE variants, SmolLM3, GPT-NeoX,
+Gemma, Gemma 3, Gemma 4, GPT-OSS, Bloom, Falcon and layers built the same
+way): the mixins conversion puts before the layer's own class. What each
+family needs of them is its record in `families`.
 
-Such a layer projects, applies its rotary embedding (and Qwen3 its QK-norm),
-writes its cache, repeats K/V to the query heads, then calls the hook
-`_compute_attention(query, key, value, attention_mask)` (Qwen's also takes
-`cache_update_index`; Gemma's caps its logits and GPT-OSS's adds attention
-sinks, which the op does to the SVR logits). Bloom and Falcon have no
-hook: their attention adds ALiBi's bias inside `call`, which
-`CallTakenOver` takes over with their own projections and cache
-(`key_bias`), as it does GPT-NeoX's, whose cached step rotated its query
-from position 0. Conversion gives
-the layer a subclass of its own class (its weights, rotary embedding,
-cache and projections stay its own) whose hook is
+Such a layer projects, applies its rotary embedding (and QK-norm), writes
+its cache, repeats K/V to the query heads, then calls the hook
+`_compute_attention(query, key, value, attention_mask)` (some also pass
+the cache index). `HookedAttention` makes that hook
 `svr_dot_product_attention`, causal at the cache index that `call`
 received, so that pooled windows follow the causal rule and stale cache
-slots are never seen.
-"""
+slots are never seen; the record gives it the family's scale, band,
+sinks. Bloom and Falcon have no hook: their attention adds ALiBi's bias
+inside `call`, which `CallTakenOver` takes over with their own
+projections and cache (`key_bias`), as it does GPT-NeoX's, whose cached
+step rotated its query from position 0. The layer keeps its weights,
+rotary embedding, cache and projections."""
 
 import inspect
 
 from keras import ops
 
-from keras_svr_attention.convert._subclass import subclass
 from keras_svr_attention.functional import decoding
 from keras_svr_attention.functional.options import svr_options
 from keras_svr_attention.ops import svr_dot_product_attention
@@ -54,45 +52,17 @@ def key_value_heads(layer):
     return attribute(layer, "num_heads") if heads is None else heads
 
 
-def attention_dropout(layer):
-    """The rate of dropout the layer applies to its attention weights,
-    which SVR attention in the hook does not: GPT-NeoX's hook takes
-    `training` for it, Bloom and Falcon drop inside `call`. 0 if none."""
-    if type(layer).__name__ in ALIBI:
-        return attribute(layer, "dropout") or attribute(
-            layer, "attention_dropout_rate"
-        )
+def hook_takes_training(layer):
+    """Whether the layer's hook takes `training` (GPT-NeoX's, for the
+    dropout on its attention weights)."""
     hook = inspect.signature(type(layer)._compute_attention).parameters
-    return getattr(layer, "dropout", 0) if "training" in hook else 0
+    return "training" in hook
 
 
-def softmax_only_features(layer):
-    """What the layer's attention does that only the softmax kernel
-    composes with, in words: its window, sinks, ALiBi."""
-    features, band = [], sliding_window(layer)
-    if band:
-        features.append(
-            f"sliding_window={band} (the linear kernel takes no sliding "
-            "window: a band mask would make it quadratic)"
-        )
-    if hasattr(layer, "sinks"):
-        features.append(
-            "attention sinks (the linear kernel has no softmax denominator "
-            "for them)"
-        )
-    if type(layer).__name__ in ALIBI:
-        features.append(
-            "ALiBi, a position bias on the logits (the linear kernel has no "
-            "logits to add it to)"
-        )
-    return features
-
-
-def is_hookable(layer):
-    """A decoder-LLM attention layer with Llama's call and hook, or one
-    whose `call` conversion takes over (`CallTakenOver`)."""
-    if type(layer).__name__ in TAKEN_OVER:
-        return True
+def has_llama_hook(layer):
+    """A decoder-LLM attention layer with Llama's call and hook: key/value
+    heads, a hook `_compute_attention` of one of the `HOOKS` signatures,
+    and the cache index reaching it."""
     hook = getattr(type(layer), "_compute_attention", None)
     if hook is None or key_value_heads(layer) is None:
         return False
@@ -124,43 +94,6 @@ HOOKS = [
     ["self", "q", "k", "v", "attention_mask", "training", "cache_update_index"],
     HOOK + ["start_index"],  # GPT-OSS's: the cache index, its sinks
 ]
-
-
-def logit_scale(layer):
-    """The scale of the layer's logits: Llama's `_inv_norm_factor` (Bloom's
-    and Falcon's `inv_norm_factor`); Gemma's 1 / sqrt(head_dim), or
-    1 / sqrt(hidden_dim / heads) without `query_head_dim_normalize`; else
-    None (1 / sqrt(head_dim))."""
-    scale = attribute(layer, "inv_norm_factor")
-    normalize = getattr(layer, "query_head_dim_normalize", None)
-    if scale is None and normalize is False:
-        scale = (layer.hidden_dim // layer.num_query_heads) ** -0.5
-    return scale
-
-
-def sliding_window(layer):
-    """The band of the layer's attention, as |pos(i) - j| < w: Qwen's and
-    Gemma's, when `use_sliding_window_attention`; Qwen3's whenever
-    `sliding_window_size` is set; GPT-OSS's j >= pos(i) - w, so w + 1;
-    Mistral's and Mixtral's i < j + w, which their decoders put in the mask
-    (`band_in_mask`). None for Llama."""
-    size = getattr(layer, "sliding_window_size", None)
-    if size and getattr(layer, "use_sliding_window_attention", True):
-        return int(size)
-    size = attribute(layer, "sliding_window")
-    if size:
-        return int(size) + 1 if hasattr(layer, "sinks") else int(size)
-    return None
-
-
-def band_in_mask(layer):
-    """Whether the layer's band reaches its hook only inside the decoder's
-    mask (Mistral, Mixtral), where it cannot be told from padding."""
-    return (
-        attribute(layer, "sliding_window") is not None
-        and getattr(layer, "sliding_window_size", None) is None
-        and not hasattr(layer, "sinks")
-    )
 
 
 class HookedAttention:
@@ -200,10 +133,11 @@ class HookedAttention:
             if cache_update_index is None
             else cache_update_index
         )
-        window = sliding_window(self)
+        family = self._svr_family
+        window = family.window(self)
         if attention_mask is not None:
             attention_mask = ops.cast(attention_mask, "bool")[:, None]
-            if window and band_in_mask(self):
+            if window and family.band_in_mask:
                 attention_mask = _behind_the_band(
                     attention_mask, offset, window
                 )
@@ -218,12 +152,12 @@ class HookedAttention:
             value,
             mask=attention_mask,
             is_causal=True,
-            scale=logit_scale(self),
+            scale=family.scale(self),
             head_factors=factors,
             causal_offset=offset,
             sliding_window=window,
             logit_soft_cap=getattr(self, "logit_soft_cap", None),
-            sinks=getattr(self, "sinks", None),
+            sinks=self.sinks if family.sinks else None,
             key_bias=key_bias,
             **options,
         )
@@ -387,7 +321,8 @@ class RotaryState(HookedAttention):
             cache, options, dim, dim, self.compute_dtype
         )
         out, state = decoding.decode(
-            query, key, value, state, options, scale=logit_scale(self),
+            query, key, value, state, options,
+            scale=self._svr_family.scale(self),
             limit=getattr(self, "_prefill_limit", None),
         )  # fmt: skip
         out = self._output_dense(ops.cast(out, self.compute_dtype))
@@ -406,30 +341,3 @@ class RotaryState(HookedAttention):
         options = dict(self._svr_hook_options)
         options.pop("state_cache", None)
         return svr_options(key_value_heads(self), **options)
-
-
-# KerasHub attentions whose converted `call` decodes from the state, by
-# class name.
-STATE_CALLS = {"LlamaAttention": RotaryState}
-
-# KerasHub attentions whose `call` conversion takes over, by class name;
-# those with ALiBi.
-TAKEN_OVER = {
-    "BloomAttention": BloomALiBi,
-    "FalconAttention": FalconALiBi,
-    "GPTNeoXAttention": NeoXRotary,
-}
-ALIBI = ("BloomAttention", "FalconAttention")
-
-
-def hook(layer, options):
-    """Gives `layer` the SVR hook with `options` (a dict of HOOK_OPTIONS)."""
-    base = next(
-        c for c in type(layer).__mro__ if not issubclass(c, HookedAttention)
-    )
-    mixin = TAKEN_OVER.get(base.__name__, HookedAttention)
-    if options.get("state_cache"):
-        mixin = STATE_CALLS[base.__name__]
-    layer._svr_hook_options = dict(options)
-    layer.__class__ = subclass(mixin, base)
-    return layer

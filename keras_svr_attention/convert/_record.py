@@ -4,7 +4,7 @@
 import keras
 
 from keras_svr_attention.convert import _keras_internals as internals
-from keras_svr_attention.convert import _llm_hook as llm
+from keras_svr_attention.convert import families
 from keras_svr_attention.convert._subclass import subclass
 from keras_svr_attention.layers.grouped_query_attention import (
     SVRGroupedQueryAttention,
@@ -22,7 +22,7 @@ def target_class(config):
 def apply(model, layer, config):
     """The recorded conversion of one layer: a hook, or a swap."""
     if "svr_hook" in config:
-        return llm.hook(layer, config["svr_hook"])
+        return families.hook(layer, config["svr_hook"])
     return _swap(model, layer, config)
 
 

@@ -15,6 +15,7 @@ from keras_svr_attention.convert import _keras_internals as internals
 from keras_svr_attention.convert import _llm_hook as llm
 from keras_svr_attention.convert import _record as record
 from keras_svr_attention.convert import _state_decoding as state_decoding
+from keras_svr_attention.convert import families
 from keras_svr_attention.functional.options import factors_per_head
 from keras_svr_attention.layers import presets
 from keras_svr_attention.layers.grouped_query_attention import (
@@ -42,7 +43,7 @@ def _honoured(layer):
         or cls is keras.layers.GroupQueryAttention
         or isinstance(layer, _SVR_CLASSES)
         or (cls is not None and cls is _cached_attention_class())
-        or llm.is_hookable(layer)
+        or families.is_hookable(layer)
     )
 
 
@@ -56,39 +57,12 @@ def _looks_like_attention(layer):
     )
 
 
-# KerasHub attentions with a feature SVR attention does not compose with
-# yet, by class name: their refusal names the feature.
-BLOCKING_FEATURES = {
-    "DisentangledSelfAttention": "DeBERTa's disentangled attention (its "
-    "content-to-position and position-to-content scores)",
-    "T5MultiHeadAttention": "T5's relative position bias",
-}
-
-
 def _unsupported_reason(layer, images_both_ways=False):
     """Why `layer` cannot become SVR attention, or None if it can.
     `images_both_ways`: the model has a vision encoder whose image tokens
     attend to each other both ways through the decoder's mask."""
-    if llm.is_hookable(layer):
-        if getattr(layer, "use_bidirectional_attention", False):
-            return (
-                f"{type(layer).__name__} has bidirectional attention "
-                "(use_bidirectional_attention=True), and SVR attention in "
-                "the decoder's hook is causal"
-            )
-        if images_both_ways:
-            return (
-                f"{type(layer).__name__} lets the model's image tokens "
-                "attend to each other both ways (a vision encoder's "
-                "prefix), and SVR attention in the decoder's hook is causal"
-            )
-        return None
-    feature = BLOCKING_FEATURES.get(type(layer).__name__)
-    if feature:
-        return (
-            f"{type(layer).__name__} has {feature}, which SVR attention "
-            "does not compose with yet"
-        )
+    if families.is_hookable(layer) or families.of(layer).blocked:
+        return families.refusal(layer, images_both_ways)
     if not _honoured(layer):
         return (
             f"{type(layer).__name__} is not a MultiHeadAttention or "
@@ -105,7 +79,7 @@ def _unsupported_reason(layer, images_both_ways=False):
 
 def _svr_config(layer, attention, options):
     """SVRAttention config for `layer`, or ValueError naming the layer."""
-    if llm.is_hookable(layer):
+    if families.is_hookable(layer):
         return {"svr_hook": _hook_options(layer, attention, options)}
     config = dict(layer.get_config())
     target = record.target_class(config)
@@ -133,8 +107,9 @@ def _hook_options(layer, attention, options):
     """The op's options for a decoder-LLM attention layer (per key/value
     head factors), checked, or ValueError naming the layer."""
     try:
+        family = families.of(layer)
         num_kv_heads = llm.key_value_heads(layer)
-        rate = llm.attention_dropout(layer)
+        rate = family.dropout(layer)
         if rate:
             raise ValueError(
                 "it applies dropout to the attention weights, which SVR "
@@ -142,14 +117,13 @@ def _hook_options(layer, attention, options):
                 f"dropout. Received: attention dropout rate {rate}"
             )
         hooked = presets.options_for(attention, num_kv_heads, **options)
-        features = llm.softmax_only_features(layer)
+        features = family.softmax_only_features(layer)
         if hooked.get("state_cache") and (
-            type(layer).__name__ not in llm.STATE_CALLS
-            or hooked.get("kernel") == "linear"
+            family.state_call is None or hooked.get("kernel") == "linear"
         ):
             raise ValueError(
                 "`state_cache=True` (decoding from the mode's state) is "
-                f"taken by {sorted(llm.STATE_CALLS)} under the softmax "
+                f"taken by {families.state_classes()} under the softmax "
                 f"kernel. Received: {type(layer).__name__}, "
                 f"kernel={hooked.get('kernel', 'softmax')!r}"
             )
@@ -298,14 +272,15 @@ def _preprocessor(model, serialized):
 def _decodes_with_state(model, attention, options, layers):
     """A KerasHub causal LM converted to a mode with a decoding state (no
     sparse pattern, no convolution) whose every attention is KerasHub's
-    cached one, or (softmax kernels) one of `llm.STATE_CALLS`: it
+    cached one, or (softmax kernels) one whose record has a `state_call`:
+    it
     generates with its layers' states (`_state_decoding`)."""
     named = presets.options_for(attention, 1)
     chosen = {**named, **{k: v for k, v in options.items() if v is not None}}
     cached = _cached_attention_class()
     takes_state = all(type(layer) is cached for layer in layers) or (
         chosen.get("kernel", "softmax") == "softmax"
-        and all(type(layer).__name__ in llm.STATE_CALLS for layer in layers)
+        and all(families.of(layer).state_call for layer in layers)
     )
     return (
         not chosen.get("sparsity")

@@ -10,6 +10,7 @@ import pytest
 from keras import ops
 
 import keras_svr_attention as ksa
+from keras_svr_attention.convert import families
 from tests.testing import assert_allclose
 from tests.testing import random_weights
 
@@ -23,101 +24,19 @@ ATTENTIONS = {
 }
 
 
+# The families of the conversion table with a tiny model, by name.
+_RECORDS = {f.name: f for f in families.FAMILIES.values() if f.example}
+
+
 def _llama(family="llama"):
-    config = {
-        "vocabulary_size": 40,
-        "num_layers": 2,
-        "num_query_heads": 4,
-        "num_key_value_heads": 2,
-        "hidden_dim": 16,
-        "intermediate_dim": 32,
-    }
-    if family == "llama":
-        backbone = keras_hub.models.LlamaBackbone(
-            max_sequence_length=32, **config
-        )
-        task = keras_hub.models.LlamaCausalLM
-    elif family == "mistral":  # the same hook, a sliding window in its mask
-        backbone = keras_hub.models.MistralBackbone(sliding_window=6, **config)
-        task = keras_hub.models.MistralCausalLM
-    elif family == "phi3":  # fused QKV, its own rotary scaling
-        backbone = keras_hub.models.Phi3Backbone(**config)
-        task = keras_hub.models.Phi3CausalLM
-    elif family == "mixtral":  # experts; its band is in its mask too
-        backbone = keras_hub.models.MixtralBackbone(
-            sliding_window=6, num_experts=2, top_k=1, **config
-        )
-        task = keras_hub.models.MixtralCausalLM
-    elif family == "qwen":  # the hook takes the cache index
-        backbone = keras_hub.models.QwenBackbone(**config)
-        task = keras_hub.models.QwenCausalLM
-    elif family == "neox":  # no GQA, partial rotary, the hook's dropout
-        config["num_heads"] = config.pop("num_query_heads")
-        del config["num_key_value_heads"]
-        backbone = keras_hub.models.GPTNeoXBackbone(
-            max_sequence_length=32, rotary_percentage=0.5, **config
-        )
-        task = keras_hub.models.GPTNeoXCausalLM
-    elif family == "gemma":  # soft-capped logits, a window every other layer
-        config["num_query_heads"], config["num_key_value_heads"] = 4, 2
-        backbone = keras_hub.models.GemmaBackbone(
-            head_dim=4,
-            attention_logit_soft_cap=0.5,
-            final_logit_soft_cap=30.0,
-            use_sliding_window_attention=True,
-            sliding_window_size=4,
-            query_head_dim_normalize=False,
-            **config,
-        )
-        task = keras_hub.models.GemmaCausalLM
-    elif family == "gpt-oss":  # learned sinks, a window j >= i - w
-        backbone = keras_hub.models.GptOssBackbone(
-            num_experts=2, sliding_window=3, **config
-        )
-        task = keras_hub.models.GptOssCausalLM
-    elif family == "gemma3":  # QK-norm, 5 local : 1 global, two wavelengths
-        config["num_layers"] = 6  # layer 5 is global, with RoPE at 1e6
-        backbone = keras_hub.models.Gemma3Backbone(
-            image_size=None, head_dim=4, use_sliding_window_attention=True,
-            sliding_window_size=4, **config,
-        )  # fmt: skip
-        task = keras_hub.models.Gemma3CausalLM
-    elif family in ("qwen-moe", "qwen3-moe"):  # experts, Qwen's hooks
-        moe = {"num_experts": 2, "top_k": 1, "moe_intermediate_dim": 8}
-        if family == "qwen-moe":
-            backbone = keras_hub.models.QwenMoeBackbone(
-                shared_expert_intermediate_dim=8, **moe, **config
-            )
-            task = keras_hub.models.QwenMoeCausalLM
-        else:
-            backbone = keras_hub.models.Qwen3MoeBackbone(
-                head_dim=4, **moe, **config
-            )
-            task = keras_hub.models.Qwen3MoeCausalLM
-    elif family == "smollm3":  # the cache index reaches the hook itself
-        config["num_attention_heads"] = config.pop("num_query_heads")
-        backbone = keras_hub.models.SmolLM3Backbone(
-            attention_bias=False, attention_dropout=0.0, mlp_bias=False,
-            rope_layer_enabled_list=[True, False],  # a NoPE layer
-            layer_types=["attention"] * 2, layer_norm_epsilon=1e-6,
-            max_position_embeddings=32, rope_theta=10000.0,
-            partial_rotary_factor=1.0, **config,
-        )  # fmt: skip
-        task = keras_hub.models.SmolLM3CausalLM
-    elif family in ("bloom", "falcon"):  # ALiBi, no hook: `call` taken over
-        del config["num_query_heads"], config["num_key_value_heads"]
-        if family == "bloom":
-            backbone = keras_hub.models.BloomBackbone(num_heads=2, **config)
-            task = keras_hub.models.BloomCausalLM
-        else:
-            backbone = keras_hub.models.FalconBackbone(
-                num_attention_heads=2, **config
-            )
-            task = keras_hub.models.FalconCausalLM
-    else:  # Qwen3: QK-norm before the hook, a sliding window in it
-        backbone = keras_hub.models.Qwen3Backbone(head_dim=4, **config)
-        task = keras_hub.models.Qwen3CausalLM
+    """The family's tiny causal LM (its record's `example`), random
+    weights, no preprocessor."""
+    example = _RECORDS[family].example
+    backbone = getattr(keras_hub.models, example["backbone"])(
+        **example["config"]
+    )
     random_weights(backbone, seed=1)
+    task = getattr(keras_hub.models, example["task"])
     return task(backbone=backbone, preprocessor=None)
 
 
@@ -127,6 +46,15 @@ def _batch(length=10):
     padding[1, 7:] = False  # right padding
     ids[~padding] = 0
     return {"token_ids": ids, "padding_mask": padding}
+
+
+def _inputs(lm, batch):
+    """`batch` as `lm` takes it: with `position_ids` where the backbone
+    asks for them (Gemma 4)."""
+    if "position_ids" not in lm.backbone.input:
+        return batch
+    positions = np.cumsum(batch["padding_mask"], axis=1) - 1
+    return {**batch, "position_ids": np.maximum(positions, 0).astype("int32")}
 
 
 def _attention_layers(lm):
@@ -144,17 +72,13 @@ def _attention_classes(lm):
     return [type(layer) for layer in _attention_layers(lm)]
 
 
-FAMILIES = [
-    "llama", "mistral", "mixtral", "phi3", "qwen", "qwen3", "neox", "gemma",
-    "gpt-oss",
-    "gemma3", "qwen-moe", "qwen3-moe", "smollm3", "bloom", "falcon",
-]  # fmt: skip
+FAMILIES = list(_RECORDS)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_options_off_give_the_original_logits_on_a_padded_batch(family):
     lm = _llama(family)
-    x = _batch()
+    x = _inputs(lm, _batch())
     want = ops.convert_to_numpy(lm(x))
     same = ksa.replace_attention(lm, "softmax")
     assert all(
@@ -220,6 +144,9 @@ def test_bn_sh_change_the_logits_and_train(attention):
         ("gpt-oss", "bn+sh"),
         ("gemma3", "softmax"),
         ("gemma3", "bn+sh"),
+        # Gemma 4: unit scale (QK-norm), its band in the decoder's mask.
+        ("gemma4", "softmax"),
+        ("gemma4", "bn+sh"),
         ("qwen-moe", "softmax"),
         ("qwen-moe", "bn+sh"),
         ("qwen3-moe", "softmax"),
@@ -256,7 +183,7 @@ def test_generate_with_the_cache_equals_teacher_forcing(family, attention):
     prompt["padding_mask"][1, 4:] = False
     prompt["token_ids"][~prompt["padding_mask"]] = 0
     new.compile(sampler="greedy")
-    if family == "gemma3":  # its generate() needs a preprocessor for text
+    if family in ("gemma3", "gemma4"):  # generate() wants a preprocessor
         out = new.generate_step(
             {k: ops.convert_to_tensor(v) for k, v in prompt.items()},
             stop_token_ids=None,
@@ -264,9 +191,8 @@ def test_generate_with_the_cache_equals_teacher_forcing(family, attention):
     else:
         out = new.generate(prompt, max_length=16, stop_token_ids=None)
     tokens = ops.convert_to_numpy(out["token_ids"])
-    logits = ops.convert_to_numpy(
-        new({"token_ids": tokens, "padding_mask": np.ones_like(tokens, bool)})
-    )
+    full = {"token_ids": tokens, "padding_mask": np.ones_like(tokens, bool)}
+    logits = ops.convert_to_numpy(new(_inputs(new, full)))
     generated = ~prompt["padding_mask"]
     generated[:, 0] = False
     rows, cols = np.nonzero(generated)
@@ -333,7 +259,8 @@ def test_llama_options_that_need_weights_are_refused():
 
 
 @pytest.mark.parametrize(
-    "family", ["mistral", "mixtral", "qwen3", "qwen3-moe", "gemma", "gemma3"]
+    "family",
+    ["mistral", "mixtral", "qwen3", "qwen3-moe", "gemma", "gemma3", "gemma4"],
 )
 def test_a_sliding_window_family_refuses_the_linear_kernel_naming_it(family):
     with pytest.raises(ValueError, match="sliding_window=.*linear kernel"):
