@@ -22,6 +22,7 @@ import inspect
 from keras import ops
 
 from keras_svr_attention.functional import decoding
+from keras_svr_attention.functional.options import repeat_factors
 from keras_svr_attention.functional.options import svr_options
 from keras_svr_attention.ops import svr_dot_product_attention
 
@@ -126,8 +127,7 @@ class HookedAttention:
         factors = options.pop("head_factors", None)
         if factors is not None:  # per key/value head -> per head of `key`
             # (Llama's hook gets K/V repeated to the query heads, Gemma's not)
-            groups = key.shape[2] // len(factors)
-            factors = [f for f in factors for _ in range(groups)]
+            factors = repeat_factors(factors, key.shape[2] // len(factors))
         offset = (
             getattr(self, "_svr_offset", 0)
             if cache_update_index is None
@@ -193,10 +193,9 @@ class CallTakenOver(HookedAttention):
             if index is None:
                 key, value = cache[:, 0], cache[:, 1]
             else:
-                start = [0, index, 0, 0]
-                key = ops.slice_update(cache[:, 0], start, key)
-                value = ops.slice_update(cache[:, 1], start, value)
-                cache = ops.stack((key, value), axis=1)
+                key, value, cache = decoding.write_key_value_cache(
+                    cache, index, key, value
+                )
         index = 0 if index is None else index
         if rotate is not None:
             query, key = rotate(query, key, index)

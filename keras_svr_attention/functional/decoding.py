@@ -49,6 +49,16 @@ from keras_svr_attention.functional._tensors import positions
 from keras_svr_attention.functional._tensors import shape_of
 
 
+def write_key_value_cache(cache, index, key, value):
+    """A key/value cache `(B, 2, S, N, H)` (KerasHub's layout) with `key`
+    and `value` `(B, T, N, H)` written from position `index`:
+    `(keys, values, cache)`, the keys and values of every slot."""
+    start = [0, index, 0, 0]
+    key = ops.slice_update(cache[:, 0], start, key)
+    value = ops.slice_update(cache[:, 1], start, value)
+    return key, value, ops.stack((key, value), axis=1)
+
+
 def head_groups(options):
     """`[(factor, heads)]`: the heads of each distinct factor, in order of
     first appearance (as `visibility.plan_head_groups` groups them)."""

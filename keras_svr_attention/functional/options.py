@@ -25,6 +25,13 @@ def fail(name, expected, value):
     )
 
 
+def repeat_factors(head_factors, num_repeats):
+    """Each factor `num_repeats` times, in order: factors per key/value head
+    laid over the query heads that share each one (grouped-query
+    attention)."""
+    return tuple(f for f in head_factors for _ in range(num_repeats))
+
+
 def is_int(value):
     """Python or NumPy integer, not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
@@ -132,9 +139,7 @@ class SVROptions:
         """These options with each head factor repeated `num_repeats` times:
         grouped-query attention's factors (one per key/value head) laid
         over the query heads that share each key/value head."""
-        factors = tuple(
-            f for f in self.head_factors for _ in range(num_repeats)
-        )
+        factors = repeat_factors(self.head_factors, num_repeats)
         return dataclasses.replace(self, head_factors=factors)
 
     def get_config(self):

@@ -6,6 +6,7 @@ from keras import ops
 
 from keras_svr_attention.api_export import svr_export
 from keras_svr_attention.functional import conv
+from keras_svr_attention.functional import decoding
 from keras_svr_attention.functional._tensors import positions
 from keras_svr_attention.functional._tensors import shape_of
 from keras_svr_attention.layers import _common as common
@@ -365,11 +366,10 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
                     "of cached positions in `attention_mask`."
                 )
             return key_cache, value_cache, cache, None, None, 0
-        start = [0, index, 0, 0]
         num_new = shape_of(key)[1]
-        key = ops.slice_update(key_cache, start, self._key_dense(key))
-        value = ops.slice_update(value_cache, start, self._value_dense(value))
-        cache = ops.stack((key, value), axis=1)
+        key, value, cache = decoding.write_key_value_cache(
+            cache, index, self._key_dense(key), self._value_dense(value)
+        )
         batch, num_keys = shape_of(key)[:2]
         first = ops.cast(index, "int32")  # position of the first new token
         pending = positions(num_keys)[None] >= first + num_new
