@@ -288,13 +288,16 @@ class NeoXRotary(CallTakenOver):
 
 
 class RotaryState(HookedAttention):
-    """Llama's attention decoding from its mode's state (the decoding
+    """Llama-style attention decoding from its mode's state (the decoding
     page): a cache of rank 4 is a packed state
-    (`functional.decoding.pack_state`), whose new tokens are projected and
-    rotated at `cache_update_index` as Llama's `call` does, then laid in
-    per key/value head (`functional.decoding.decode`), so SH's pooled
-    slots and GQA's shared heads both shrink it. Any other call is
-    Llama's own, with the hook."""
+    (`functional.decoding.pack_state`), whose new tokens are projected,
+    QK-normed where the layer has it (Qwen3) and rotated at
+    `cache_update_index` as the layer's `call` does, then laid in per
+    key/value head (`functional.decoding.decode`) under the family's band,
+    so SH's pooled slots and GQA's shared heads both shrink it. Any other
+    call is the layer's own, with the hook. For Llama, Qwen, Qwen-MoE,
+    Qwen3, Qwen3-MoE, Mistral and Mixtral, whose `call`s differ only in
+    those steps."""
 
     def call(
         self,
@@ -310,12 +313,11 @@ class RotaryState(HookedAttention):
                 cache_update_index=cache_update_index, training=training,
             )  # fmt: skip
         index = 0 if cache_update_index is None else cache_update_index
-        rotary = self.rotary_embedding_layer
-        query = rotary(self._query_dense(hidden_states), start_index=index)
-        key = rotary(self._key_dense(hidden_states), start_index=index)
-        value = self._value_dense(hidden_states)
+        query = self._rotated(hidden_states, "query", index)
+        key = self._rotated(hidden_states, "key", index)
+        value = attribute(self, "value_dense")(hidden_states)
         options = self._svr_state_options()
-        dim = self._key_dense.kernel.shape[-1]
+        dim = self._svr_head_dim()
         state = decoding.unpack_state(
             cache, options, dim, dim, self.compute_dtype
         )
@@ -324,12 +326,24 @@ class RotaryState(HookedAttention):
             scale=self._svr_family.scale(self),
             limit=getattr(self, "_prefill_limit", None),
         )  # fmt: skip
-        out = self._output_dense(ops.cast(out, self.compute_dtype))
-        return out, decoding.pack_state(state)
+        out = ops.cast(out, self.compute_dtype)
+        return attribute(self, "output_dense")(out), decoding.pack_state(state)
+
+    def _rotated(self, hidden_states, name, index):
+        """The query or key heads of the new tokens: projected, normed if
+        the layer norms them, rotated from `index`."""
+        heads = attribute(self, name + "_dense")(hidden_states)
+        norm = attribute(self, name + "_dense_layer_norm")
+        if norm is not None:
+            heads = norm(heads)
+        return self.rotary_embedding_layer(heads, start_index=index)
+
+    def _svr_head_dim(self):
+        return attribute(self, "key_dense").kernel.shape[-1]
 
     def get_initial_state(self, batch_size, max_length, packed=True):
         """The packed state before any token, for `max_length` tokens."""
-        dim = self._key_dense.kernel.shape[-1]
+        dim = self._svr_head_dim()
         state = decoding.initial_state(
             self._svr_state_options(), batch_size, max_length, dim, dim,
             self.compute_dtype,
@@ -339,4 +353,7 @@ class RotaryState(HookedAttention):
     def _svr_state_options(self):
         options = dict(self._svr_hook_options)
         options.pop("state_cache", None)
-        return svr_options(key_value_heads(self), **options)
+        window = self._svr_family.window(self)
+        return svr_options(
+            key_value_heads(self), sliding_window=window, **options
+        )

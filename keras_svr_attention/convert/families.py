@@ -164,12 +164,14 @@ FAMILIES = {
     # The same hook, the band in the decoder's mask.
     "CachedMistralAttention": Family(
         "mistral",
+        state_call=hooks.RotaryState,
         band_in_mask=True,
         example=_example("MistralBackbone", "MistralCausalLM",
                          sliding_window=6),
     ),
     "CachedMixtralAttention": Family(
         "mixtral",
+        state_call=hooks.RotaryState,
         band_in_mask=True,
         example=_example("MixtralBackbone", "MixtralCausalLM",
                          sliding_window=6, num_experts=2, top_k=1),
@@ -180,20 +182,25 @@ FAMILIES = {
     ),
     # The hook takes the cache index.
     "QwenAttention": Family(
-        "qwen", example=_example("QwenBackbone", "QwenCausalLM")
+        "qwen",
+        state_call=hooks.RotaryState,
+        example=_example("QwenBackbone", "QwenCausalLM"),
     ),
     # QK-norm before the hook, a sliding window in it.
     "Qwen3Attention": Family(
-        "qwen3", example=_example("Qwen3Backbone", "Qwen3CausalLM",
-                                  head_dim=4),
+        "qwen3",
+        state_call=hooks.RotaryState,
+        example=_example("Qwen3Backbone", "Qwen3CausalLM", head_dim=4),
     ),
     "QwenMoeAttention": Family(
         "qwen-moe",
+        state_call=hooks.RotaryState,
         example=_example("QwenMoeBackbone", "QwenMoeCausalLM",
                          shared_expert_intermediate_dim=8, **_MOE),
     ),
     "Qwen3MoeAttention": Family(
         "qwen3-moe",
+        state_call=hooks.RotaryState,
         example=_example("Qwen3MoeBackbone", "Qwen3MoeCausalLM",
                          head_dim=4, **_MOE),
     ),
