@@ -22,6 +22,7 @@ import inspect
 from keras import ops
 
 from keras_svr_attention.functional import decoding
+from keras_svr_attention.functional import recurrent
 from keras_svr_attention.functional.options import repeat_factors
 from keras_svr_attention.functional.options import svr_options
 from keras_svr_attention.ops import svr_dot_product_attention
@@ -289,15 +290,15 @@ class NeoXRotary(CallTakenOver):
 
 class RotaryState(HookedAttention):
     """Llama-style attention decoding from its mode's state (the decoding
-    page): a cache of rank 4 is a packed state
-    (`functional.decoding.pack_state`), whose new tokens are projected,
+    page): a cache is a packed state, whose new tokens are projected,
     QK-normed where the layer has it (Qwen3) and rotated at
-    `cache_update_index` as the layer's `call` does, then laid in per
-    key/value head (`functional.decoding.decode`) under the family's band,
-    so SH's pooled slots and GQA's shared heads both shrink it. Any other
-    call is the layer's own, with the hook. For Llama, Qwen, Qwen-MoE,
-    Qwen3, Qwen3-MoE, Mistral and Mixtral, whose `call`s differ only in
-    those steps."""
+    `cache_update_index` as the layer's `call` does, then laid in: per
+    key/value head under the family's band for the softmax modes
+    (`functional.decoding`), so SH's pooled slots and GQA's shared heads
+    both shrink it; per query head for the linear kernel
+    (`functional.recurrent`). A call without a cache is the layer's own,
+    with the hook. For Llama, Qwen, Qwen-MoE, Qwen3, Qwen3-MoE, Mistral
+    and Mixtral, whose `call`s differ only in those steps."""
 
     def call(
         self,
@@ -307,27 +308,36 @@ class RotaryState(HookedAttention):
         cache_update_index=None,
         training=None,
     ):
-        if cache is None or len(cache.shape) != 4:
+        if cache is None:
             return super().call(
-                hidden_states, attention_mask=attention_mask, cache=cache,
-                cache_update_index=cache_update_index, training=training,
+                hidden_states, attention_mask=attention_mask,
+                training=training,
             )  # fmt: skip
         index = 0 if cache_update_index is None else cache_update_index
         query = self._rotated(hidden_states, "query", index)
         key = self._rotated(hidden_states, "key", index)
         value = attribute(self, "value_dense")(hidden_states)
-        options = self._svr_state_options()
-        dim = self._svr_head_dim()
-        state = decoding.unpack_state(
-            cache, options, dim, dim, self.compute_dtype
-        )
-        out, state = decoding.decode(
-            query, key, value, state, options,
-            scale=self._svr_family.scale(self),
-            limit=getattr(self, "_prefill_limit", None),
-        )  # fmt: skip
+        options, dim = self._svr_state_options(), self._svr_head_dim()
+        limit = getattr(self, "_prefill_limit", None)
+        if options.kernel == "linear":  # the state is per query head
+            repeats = query.shape[2] // key.shape[2]
+            key, value = (ops.repeat(x, repeats, axis=2) for x in (key, value))
+            state = recurrent.unpack_state(cache, options, dim)
+            out, state = recurrent.linear_recurrence(
+                query, key, value, state, options, limit=limit
+            )
+            cache = recurrent.pack_state(state)
+        else:
+            state = decoding.unpack_state(
+                cache, options, dim, dim, self.compute_dtype
+            )
+            out, state = decoding.decode(
+                query, key, value, state, options, limit=limit,
+                scale=self._svr_family.scale(self),
+            )  # fmt: skip
+            cache = decoding.pack_state(state)
         out = ops.cast(out, self.compute_dtype)
-        return attribute(self, "output_dense")(out), decoding.pack_state(state)
+        return attribute(self, "output_dense")(out), cache
 
     def _rotated(self, hidden_states, name, index):
         """The query or key heads of the new tokens: projected, normed if
@@ -343,17 +353,24 @@ class RotaryState(HookedAttention):
 
     def get_initial_state(self, batch_size, max_length, packed=True):
         """The packed state before any token, for `max_length` tokens."""
-        dim = self._svr_head_dim()
+        options, dim = self._svr_state_options(), self._svr_head_dim()
+        if options.kernel == "linear":
+            state = recurrent.initial_state(options, batch_size, dim, dim)
+            return recurrent.pack_state(state)
         state = decoding.initial_state(
-            self._svr_state_options(), batch_size, max_length, dim, dim,
-            self.compute_dtype,
-        )  # fmt: skip
+            options, batch_size, max_length, dim, dim, self.compute_dtype
+        )
         return decoding.pack_state(state)
 
     def _svr_state_options(self):
+        """The options of the state: per key/value head with the family's
+        band (softmax), per query head (linear)."""
         options = dict(self._svr_hook_options)
         options.pop("state_cache", None)
+        heads = key_value_heads(self)
+        if options.get("kernel") == "linear":
+            repeats = attribute(self, "num_query_heads") // heads
+            options = svr_options(heads, **options)
+            return options.per_query_head(repeats)
         window = self._svr_family.window(self)
-        return svr_options(
-            key_value_heads(self), sliding_window=window, **options
-        )
+        return svr_options(heads, sliding_window=window, **options)

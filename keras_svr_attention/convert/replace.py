@@ -118,14 +118,11 @@ def _hook_options(layer, attention, options):
             )
         hooked = presets.options_for(attention, num_kv_heads, **options)
         features = family.softmax_only_features(layer)
-        if hooked.get("state_cache") and (
-            family.state_call is None or hooked.get("kernel") == "linear"
-        ):
+        if hooked.get("state_cache") and family.state_call is None:
             raise ValueError(
                 "`state_cache=True` (decoding from the mode's state) is "
-                f"taken by {families.state_classes()} under the softmax "
-                f"kernel. Received: {type(layer).__name__}, "
-                f"kernel={hooked.get('kernel', 'softmax')!r}"
+                f"taken by {families.state_classes()}. Received: "
+                f"{type(layer).__name__}"
             )
         if hooked.get("kernel") == "linear" and features:
             raise ValueError(
@@ -272,15 +269,13 @@ def _preprocessor(model, serialized):
 def _decodes_with_state(model, attention, options, layers):
     """A KerasHub causal LM converted to a mode with a decoding state (no
     sparse pattern, no convolution) whose every attention is KerasHub's
-    cached one, or (softmax kernels) one whose record has a `state_call`:
-    it
+    cached one, or one whose record has a `state_call`: it
     generates with its layers' states (`_state_decoding`)."""
     named = presets.options_for(attention, 1)
     chosen = {**named, **{k: v for k, v in options.items() if v is not None}}
     cached = _cached_attention_class()
-    takes_state = all(type(layer) is cached for layer in layers) or (
-        chosen.get("kernel", "softmax") == "softmax"
-        and all(families.of(layer).state_call for layer in layers)
+    takes_state = all(type(layer) is cached for layer in layers) or all(
+        families.of(layer).state_call for layer in layers
     )
     return (
         not chosen.get("sparsity")

@@ -384,6 +384,8 @@ def test_lora_and_int8_reach_the_same_sublayers_after_conversion(family):
     [
         ("llama", "softmax", {}),
         ("llama", "bn+sh", {"head_factors": [2, 4]}),
+        # The linear kernel: the recurrent state, per query head.
+        ("llama", "linear+bn+sh", {"head_factors": [2, 4]}),
         # The other families whose record has `state_call`: QK-norm
         # (Qwen3), experts, and bands (Mistral's in its mask, Qwen3's in
         # its hook) that the state applies.
