@@ -1,5 +1,5 @@
 """SVR attention inside decoder LLM attention layers (KerasHub's Llama,
-Mistral, Qwen, Qwen3, Qwen3.5 and the MoE variants, SmolLM3, GPT-NeoX,
+Mistral, Qwen, Qwen3 and the MoE variants, SmolLM3, GPT-NeoX,
 Gemma, Gemma 3, Gemma 4, GPT-OSS, Bloom, Falcon and layers built the same
 way): the mixins conversion puts before the layer's own class. What each
 family needs of them is its record in `families`.

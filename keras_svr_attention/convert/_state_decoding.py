@@ -1,9 +1,9 @@
 """KerasHub causal LMs whose attention is KerasHub's cached one (GPT-2),
-or Llama's under a softmax mode (a `state_call` in its `families`
-record), generate with their mode's decoding state (the rules page,
-"Decoding state" and "Linear state") instead of a key/value cache: SH's
-pooled keys and values, Attention-BN's running sums, the linear kernel's
-recurrent state.
+or one whose `families` record has a `state_call` (Llama, Qwen, Qwen3,
+Mistral, Mixtral and their MoE variants), generate with their mode's
+decoding state (the rules page, "Decoding state" and "Linear state")
+instead of a key/value cache: SH's pooled keys and values, Attention-BN's
+running sums, the linear kernel's recurrent state.
 
 The LM's own plumbing is kept: `call_with_cache` slices one cache tensor
 per decoder layer and stacks them back, so each layer's state travels
