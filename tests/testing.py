@@ -126,6 +126,51 @@ MODES = {
     },
 }
 
+# What users build (the model battery, the exports): one mode per branch of
+# the forward. SH's group of factor 1 is plain softmax attention and BN+SH's
+# is Attention-BN (two heads: the fused kernel); linear BN+SH's is the
+# linear kernel with BN. So softmax, BN and linear alone take no branch of
+# their own here. "gqa" modes are SVRGroupedQueryAttention (`svr_layer`).
+MODEL_MODES = {
+    "sh": {"head_factors": [1, 2, 3, 2]},
+    "bn+sh": {"beta": 1.0, "head_factors": [2, 1, 1, 4]},
+    # Chunks of 4: the causal recurrence runs over several chunks.
+    "linear+bn+sh": {
+        "kernel": "linear",
+        "beta": 1.0,
+        "head_factors": [1, 2],
+        "chunk_size": 4,
+    },
+    "sparse": {"sparsity": "strided", "block_size": 3},
+    "conv": {"conv_kernel_size": 3, "beta": 0.5},
+    "gqa+bn+sh": {"beta": 1.0, "head_factors": [2, 1, 1, 4]},
+    "gqa+linear+sh": {"kernel": "linear", "head_factors": [1, 1, 3, 3]},
+    # A CLS token: never pooled, seen by every query.
+    "bn+sh+cls": {
+        "beta": 1.0,
+        "head_factors": [2, 1, 1, 4],
+        "num_prefix_tokens": 1,
+    },
+}
+
+
+def model_layer(mode, **kwargs):
+    """The attention of `MODEL_MODES[mode]`: SVRGroupedQueryAttention for
+    the "gqa" modes, else SVRAttention."""
+    kind = "gqa" if mode.startswith("gqa") else "svr"
+    return svr_layer(kind, MODEL_MODES[mode], **kwargs)
+
+
+# Decoding from a state (tests/layers/test_*_state.py): a sequence of
+# DECODING_LENGTH fed in pieces ending at these positions. Single tokens
+# over the prefix, the left padding and the first windows, then pieces
+# across the right padding; a prefill, then single tokens to the end.
+DECODING_LENGTH = 19
+DECODING_SPLITS = {
+    "tokens-then-pieces": [1, 2, 3, 4, 5, 6, 7, 13],
+    "prefill-then-tokens": list(range(11, DECODING_LENGTH)),
+}
+
 
 def svr_layer(kind, options, **kwargs):
     """`SVRAttention` (its heads of key_dim 3) or, for kind "gqa",

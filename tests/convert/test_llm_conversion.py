@@ -117,59 +117,26 @@ def test_bn_sh_change_the_logits_and_train(attention):
     )
 
 
-@pytest.mark.parametrize(
-    "family,attention",
-    [
-        ("llama", "softmax"),
-        ("llama", "bn+sh"),
-        # The linear kernel in the hook reads Llama's own key/value cache.
-        ("llama", "linear+bn+sh"),
-        ("mistral", "softmax"),
-        # Mistral's band is in its mask: the hook marks the keys behind it
-        # visible again and applies the band itself, so SH windows count
-        # the keys the full forward counts.
-        ("mistral", "bn+sh"),
-        ("mixtral", "softmax"),
-        ("mixtral", "bn+sh"),
-        ("phi3", "softmax"),
-        ("phi3", "bn+sh"),
-        ("qwen", "softmax"),
-        ("qwen", "bn+sh"),
-        ("qwen", "linear+bn+sh"),
-        ("qwen3", "softmax"),
-        ("qwen3", "bn+sh"),
-        ("gemma", "softmax"),
-        ("gemma", "bn+sh"),
-        ("gpt-oss", "softmax"),
-        ("gpt-oss", "bn+sh"),
-        ("gemma3", "softmax"),
-        ("gemma3", "bn+sh"),
-        # Gemma 4: unit scale (QK-norm), its band in the decoder's mask.
-        ("gemma4", "softmax"),
-        ("gemma4", "bn+sh"),
-        ("qwen-moe", "softmax"),
-        ("qwen-moe", "bn+sh"),
-        ("qwen3-moe", "softmax"),
-        ("qwen3-moe", "bn+sh"),
-        ("smollm3", "softmax"),
-        ("smollm3", "bn+sh"),
-        ("bloom", "softmax"),
-        ("bloom", "bn+sh"),
-        ("falcon", "softmax"),
-        ("falcon", "bn+sh"),
-        # GPT-NeoX: KerasHub's own cached step rotates its query as if at
-        # position 0 (its generate() is not teacher forcing); the converted
-        # call rotates it at the cache index.
-        ("neox", "softmax"),
-        ("neox", "bn+sh"),
-        # The linear kernel where the family composes with it, over the
-        # family's own key/value cache.
-        ("neox", "linear+bn+sh"),
-        ("phi3", "linear+bn+sh"),
-        ("qwen-moe", "linear+bn+sh"),
-        ("smollm3", "linear+bn+sh"),
-    ],
-)
+# Each family's cached call in BN+SH, whose head factors [2, 1] give a
+# group of factor 1 too: the family's cache, band, scale and bias paths
+# under the fused and the explicit kernel (the options-off conversion of
+# every family is exact above). Softmax alone where it takes a branch BN+SH
+# does not: Llama, the default record, and GPT-OSS, whose sinks take BN's
+# row term.
+GENERATE_CASES = [
+    ("llama", "softmax"),
+    ("gpt-oss", "softmax"),
+    *((family, "bn+sh") for family in FAMILIES),
+    # The linear kernel where the family composes with it, over the
+    # family's own key/value cache.
+    *(
+        (family, "linear+bn+sh")
+        for family in ("llama", "qwen", "neox", "phi3", "qwen-moe", "smollm3")
+    ),
+]
+
+
+@pytest.mark.parametrize("family,attention", GENERATE_CASES)
 def test_generate_with_the_cache_equals_teacher_forcing(family, attention):
     # Greedy generation with the cache: one full causal forward over the
     # generated sequence predicts every generated token.

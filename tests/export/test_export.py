@@ -2,11 +2,12 @@
 backend, served by the format's own runtime at batch sizes and lengths it
 never traced, equal to `predict` (issue 27).
 
-A model on `keras.Input((None, F))` per (format, mode, mask kind): one
-attention layer with no mask, a causal mask, or right padding through a
-`Masking` layer. `keras.layers.MultiHeadAttention` in the same place is the
-control: a cell where Keras cannot export it either is an expected failure
-of the control (strict: it turns into a failure when Keras fixes it).
+A model on `keras.Input((None, F))` per (format, mode): one attention
+layer per mask kind (no mask, a causal mask, right padding through a
+`Masking` layer), each checked on its own. `keras.layers.MultiHeadAttention`
+in the same place, one model per mask kind, is the control: a cell where
+Keras cannot export it either is an expected failure of the control
+(strict: it turns into a failure when Keras fixes it).
 Our modes have no such list: every cell serves, causal on JAX to ONNX and
 on LiteRT too, where MultiHeadAttention's is refused. Where Keras exports
 no MultiHeadAttention at all (JAX to OpenVINO), our cells skip with the
@@ -25,39 +26,18 @@ import pytest
 
 import keras_svr_attention as ksa
 from tests.testing import BACKEND
+from tests.testing import MODEL_MODES
 from tests.testing import assert_allclose
+from tests.testing import model_layer
 from tests.testing import random_weights
-from tests.testing import svr_layer
 
 pytestmark = pytest.mark.export
 
 F = 6
 # Served at these (length, batch) pairs; Keras traces at length 1 or 2.
 SERVED = [(6, 2), (11, 3)]
-MODES = {
-    "mha": None,  # the control
-    "softmax": {},
-    "bn": {"beta": 0.8},
-    "sh": {"head_factors": [1, 2, 3, 2]},
-    "bn+sh": {"beta": 1.0, "head_factors": [2, 1, 1, 4]},
-    # Chunks of 4: the causal recurrence runs over several at length 11.
-    "linear": {"kernel": "linear", "chunk_size": 4},
-    "linear+bn+sh": {
-        "kernel": "linear",
-        "beta": 1.0,
-        "head_factors": [1, 2],
-        "chunk_size": 4,
-    },
-    "sparse": {"sparsity": "strided", "block_size": 3},
-    "conv": {"conv_kernel_size": 3, "beta": 0.5},
-    "gqa+bn+sh": {"beta": 1.0, "head_factors": [2, 1, 1, 4]},
-    # A CLS token: never pooled, seen by every query.
-    "bn+sh+cls": {
-        "beta": 1.0,
-        "head_factors": [2, 1, 1, 4],
-        "num_prefix_tokens": 1,
-    },
-}
+# MultiHeadAttention ("mha") is the control.
+MODES = ["mha", *MODEL_MODES]
 MASKS = ["none", "causal", "padding"]
 FORMATS = {
     "tensorflow": ["tf_saved_model", "onnx", "openvino", "litert"],
@@ -103,20 +83,28 @@ UNEXPORTABLE = {
 
 
 def _layer(mode):
-    if MODES[mode] is None:
+    if mode == "mha":
         return keras.layers.MultiHeadAttention(num_heads=4, key_dim=3)
-    kind = "gqa" if mode.startswith("gqa") else "svr"
-    return svr_layer(kind, MODES[mode])
+    return model_layer(mode)
 
 
-def _model(mode, mask, layer=None):
-    """A model around `_layer(mode)` (or `layer`) on `keras.Input((None,
-    F))`, with the mask kind `mask`, random weights, called once."""
+def _model(mode, masks, layer=None):
+    """A model on `keras.Input((None, F))` with one attention per mask kind
+    of `masks` (`_layer(mode)`, or `layer` for one kind), each with its own
+    Dense head, their outputs concatenated: one export serves the kinds
+    together. Random weights, called once."""
     inputs = keras.Input((None, F))
-    x = keras.layers.Masking(0.0)(inputs) if mask == "padding" else inputs
-    layer = _layer(mode) if layer is None else layer
-    y = layer(x, x, use_causal_mask=mask == "causal")
-    model = keras.Model(inputs, keras.layers.Dense(2)(y))
+    outputs = []
+    for mask in masks:
+        x = inputs
+        if mask == "padding":  # right padding: zero rows
+            x = keras.layers.Masking(0.0)(inputs)
+        attention = _layer(mode) if layer is None else layer
+        y = attention(x, x, use_causal_mask=mask == "causal")
+        outputs.append(keras.layers.Dense(2, name=f"{mask}_output")(y))
+    if len(outputs) > 1:
+        outputs = keras.layers.Concatenate()(outputs)
+    model = keras.Model(inputs, outputs)
     random_weights(model, seed=1)
     model(_inputs(7, 2))  # called once: JAX's and torch's exporters ask
     return model
@@ -187,25 +175,38 @@ def _litert(path):
     return run
 
 
-def _check(model, served):
+def _check(model, served, masks):
+    """The served outputs equal `predict`'s, mask kind by mask kind (the
+    concatenated outputs split in equal parts)."""
     # 1e-4: the artifact runs the same float32 graph with its own kernels
     # (fused attention, another summation order) on unit-scale inputs.
     for length, batch in SERVED:
         x = _inputs(length, batch, seed=length)
-        assert_allclose(
-            served(x),
-            model.predict(x, verbose=0),
-            1e-4,
-            1e-4,
-            err_msg=f"served at batch {batch}, length {length}",
+        got, want = (
+            np.split(np.asarray(y), len(masks), axis=-1)
+            for y in (served(x), model.predict(x, verbose=0))
         )
+        for mask, g, w in zip(masks, got, want, strict=True):
+            assert_allclose(
+                g, w, 1e-4, 1e-4,
+                err_msg=f"mask {mask}, served at batch {batch}, "
+                f"length {length}",
+            )  # fmt: skip
 
 
-@pytest.mark.parametrize("mask", MASKS)
-@pytest.mark.parametrize("mode", list(MODES))
+# One model per (format, mode) holds the three mask kinds; the control,
+# MultiHeadAttention, one per mask kind, since Keras fails some kinds only.
+CELLS = [("mha", (mask,)) for mask in MASKS] + [
+    (mode, tuple(MASKS)) for mode in MODES if mode != "mha"
+]
+
+
+@pytest.mark.parametrize(
+    "mode, masks", CELLS, ids=[f"{m}-{'+'.join(k)}" for m, k in CELLS]
+)
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_exported_model_serves_what_predict_computes(
-    fmt, mode, mask, tmp_path, request
+    fmt, mode, masks, tmp_path, request
 ):
     pytest.importorskip(RUNTIMES[fmt])
     if fmt == "onnx" and BACKEND == "jax":
@@ -216,13 +217,14 @@ def test_exported_model_serves_what_predict_computes(
         pytest.skip(
             "MultiHeadAttention does not export either: " + UNEXPORTABLE[fmt]
         )
-    reason = KNOWN.get((fmt, mode, mask), UNEXPORTABLE.get(fmt))
+    known = [KNOWN.get((fmt, mode, mask)) for mask in masks]
+    reason = next(filter(None, known), UNEXPORTABLE.get(fmt))
     if reason:
         request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
-    model = _model(mode, mask)
+    model = _model(mode, masks)
     path = os.path.join(tmp_path, FILES[fmt])
     _export(model, fmt, path)
-    _check(model, serve(fmt, path))
+    _check(model, serve(fmt, path), masks)
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="torch's own format")
@@ -233,7 +235,7 @@ def test_pt2_serves_every_length_from_the_plain_call(mode, tmp_path):
     a pooled length of 1), and windows are cut from the sequence itself
     (never a size S - p of 1), so the `.pt2` serves every length from 1
     (from 2 with a prefix token) to past its windows, padded or not."""
-    model = _model(mode, "padding")
+    model = _model(mode, ["padding"])
     path = os.path.join(tmp_path, FILES["torch"])
     _export(model, "torch", path)
     served = serve("torch", path)
@@ -261,14 +263,14 @@ def test_one_head_serves_on_openvino_with_its_fused_kernel(kind, tmp_path):
         if kind == "mha"
         else ksa.SVRAttention(num_heads=1, key_dim=3, beta=0.5)
     )
-    model = _model(None, "none", layer)
+    model = _model(None, ["none"], layer)
     path = os.path.join(tmp_path, FILES["openvino"])
     _export(model, "openvino", path)
     if kind == "mha":
         with pytest.raises(AssertionError, match="Mismatched"):
-            _check(model, serve("openvino", path))
+            _check(model, serve("openvino", path), ["none"])
     else:
-        _check(model, serve("openvino", path))
+        _check(model, serve("openvino", path), ["none"])
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="torch's ONNX in OpenVINO")
@@ -276,10 +278,10 @@ def test_one_head_serves_on_openvino_with_its_fused_kernel(kind, tmp_path):
 def test_torch_onnx_read_by_openvino_serves_sh(mode, tmp_path):
     pytest.importorskip("onnxruntime")
     pytest.importorskip("openvino")
-    model = _model(mode, "padding")
+    model = _model(mode, ["padding"])
     path = os.path.join(tmp_path, "model.onnx")
     _export(model, "onnx", path)
-    _check(model, serve("openvino", path))
+    _check(model, serve("openvino", path), ["padding"])
 
 
 def _hub_backbone(name):

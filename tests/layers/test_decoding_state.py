@@ -16,13 +16,15 @@ import keras_svr_attention as ksa
 from keras_svr_attention.functional import decoding
 from keras_svr_attention.functional.options import svr_options
 from tests.testing import BACKEND
+from tests.testing import DECODING_LENGTH
+from tests.testing import DECODING_SPLITS
 from tests.testing import MODES
 from tests.testing import assert_allclose
 from tests.testing import random_weights
 from tests.testing import slow_on_jax
 from tests.testing import svr_layer
 
-LENGTH, WIDTH = 19, 6
+LENGTH, WIDTH = DECODING_LENGTH, 6
 STATE_MODES = {
     **MODES,
     "bn+sh-prefix": {
@@ -38,11 +40,6 @@ STATE_MODES = {
         "sliding_window": 6,
         "num_prefix_tokens": 1,
     },
-}
-SPLITS = {
-    "token-by-token": list(range(1, LENGTH)),
-    "prefill-11": [11],
-    "pieces": [5, 6, 13],
 }
 
 
@@ -91,13 +88,13 @@ def _full(layer, x, valid):
 
 @pytest.mark.parametrize("kind", ["svr", "gqa"])
 @pytest.mark.parametrize("mode", list(STATE_MODES))
-@pytest.mark.parametrize("splits", list(SPLITS))
+@pytest.mark.parametrize("splits", list(DECODING_SPLITS))
 def test_decoding_from_the_state_equals_the_full_causal_forward(
     kind, mode, splits
 ):
     layer = _layer(kind, STATE_MODES[mode])
     x, valid = _inputs()
-    got, state = _decode(layer, x, valid, SPLITS[splits])
+    got, state = _decode(layer, x, valid, DECODING_SPLITS[splits])
     # Outputs of order 1 after one layer: float32 rounding, relative 1e-5.
     assert_allclose(got, _full(layer, x, valid), atol=1e-5, rtol=1e-5)
     assert int(ops.convert_to_numpy(state["position"])[0]) == LENGTH

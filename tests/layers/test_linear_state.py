@@ -10,6 +10,8 @@ import keras_svr_attention as ksa
 from keras_svr_attention.functional import kernels
 from keras_svr_attention.functional import recurrent
 from keras_svr_attention.functional.options import svr_options
+from tests.testing import DECODING_LENGTH
+from tests.testing import DECODING_SPLITS
 from tests.testing import MODES
 from tests.testing import assert_allclose
 from tests.testing import random_weights
@@ -23,7 +25,7 @@ STATE_MODES = {
         "num_prefix_tokens": 2,
     },
 }
-LENGTH, WIDTH = 19, 6
+LENGTH, WIDTH = DECODING_LENGTH, 6
 
 
 def _layer(options, **kwargs):
@@ -65,16 +67,12 @@ def _decode(layer, x, valid, splits):
 
 
 @pytest.mark.parametrize("mode", list(STATE_MODES))
-@pytest.mark.parametrize(
-    "splits",
-    [list(range(1, LENGTH)), [11], [5, 6, 13]],
-    ids=["token-by-token", "prefill-11", "pieces"],
-)
+@pytest.mark.parametrize("splits", list(DECODING_SPLITS))
 def test_decoding_from_the_state_equals_the_full_causal_forward(mode, splits):
     layer = _layer(STATE_MODES[mode])
     x, valid = _inputs()
     full = layer(x, x, query_mask=valid, value_mask=valid, use_causal_mask=True)
-    got, state = _decode(layer, x, valid, splits)
+    got, state = _decode(layer, x, valid, DECODING_SPLITS[splits])
     # Outputs of order 1 after one layer: float32 rounding, relative 1e-5.
     assert_allclose(got, full, atol=1e-5, rtol=1e-5)
     assert int(ops.convert_to_numpy(state["position"])[0]) == LENGTH

@@ -1,4 +1,5 @@
-"""What users build: every mode in a functional model on an unknown length.
+"""What users build: each mode of `MODEL_MODES` (one per branch of the
+forward) in a functional model on an unknown length.
 
 For each mode, a model on `keras.Input((None, F))` with one attention per
 mask kind (no mask, causal, padding through a Keras mask), predicted at two
@@ -19,32 +20,15 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from tests.testing import BACKEND
+from tests.testing import MODEL_MODES
 from tests.testing import assert_allclose
 from tests.testing import compiles_the_train_step
+from tests.testing import model_layer
 from tests.testing import random_weights
-from tests.testing import svr_layer
 
 F = 6
-MODES = {
-    "softmax": {},
-    "bn": {"beta": 0.8},
-    "sh": {"head_factors": [1, 2, 3, 2]},
-    "bn+sh": {"beta": 1.0, "head_factors": [2, 1, 1, 4]},
-    "linear": {"kernel": "linear"},
-    "linear+bn+sh": {"kernel": "linear", "beta": 1.0, "head_factors": [1, 2]},
-    "sparse": {"sparsity": "strided", "block_size": 3},
-    "conv": {"conv_kernel_size": 3, "beta": 0.5},
-    "gqa+bn+sh": {"beta": 1.0, "head_factors": [2, 1, 1, 4]},
-    "gqa+linear+sh": {"kernel": "linear", "head_factors": [1, 1, 3, 3]},
-}
+MODES = list(MODEL_MODES)
 MASKS = ["none", "causal", "padding"]
-
-
-def _layer(mode, **kwargs):
-    """SVRAttention, or grouped-query attention for the "gqa" modes (two
-    query heads per key/value head, every other head factor)."""
-    kind = "gqa" if mode.startswith("gqa") else "svr"
-    return svr_layer(kind, MODES[mode], **kwargs)
 
 
 def _model(mode):
@@ -57,7 +41,7 @@ def _model(mode):
     masked = keras.layers.Masking(0.0)(inputs)  # right padding: zero rows
     branches, outputs = {}, []
     for mask in MASKS:
-        layer = _layer(mode)
+        layer = model_layer(mode)
         x = masked if mask == "padding" else inputs
         head = keras.layers.Dense(2, name=f"{mask}_output")
         outputs.append(head(layer(x, x, use_causal_mask=mask == "causal")))
@@ -104,7 +88,7 @@ def _assert_branches_close(got, want, x, tolerance, what):
 
 
 @compiles_the_train_step
-@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("mode", MODES)
 def test_model_on_unknown_length_predicts_fits_saves_and_exports(
     mode, tmp_path
 ):
@@ -163,14 +147,14 @@ PREFIX_EXAMPLES = int(
     max_examples=PREFIX_EXAMPLES, deadline=None, derandomize=True, database=None
 )
 @given(
-    mode=st.sampled_from(list(MODES)),
+    mode=st.sampled_from(MODES),
     prefix=st.integers(0, 2),
     padding=st.integers(0, 4),
 )
 def test_causal_outputs_depend_only_on_earlier_positions(mode, prefix, padding):
     # Output t on x[:, :t+1] equals output t on x, for every t, and right
     # padding after x changes none of them.
-    layer = _layer(mode, num_prefix_tokens=prefix)
+    layer = model_layer(mode, num_prefix_tokens=prefix)
     length = 8
     x = _inputs(length, seed=3)[:1]
     full = keras.ops.convert_to_numpy(layer(x, x, use_causal_mask=True))
