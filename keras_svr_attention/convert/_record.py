@@ -3,6 +3,7 @@
 
 import keras
 
+from keras_svr_attention.convert import _cached
 from keras_svr_attention.convert import _keras_internals as internals
 from keras_svr_attention.convert import families
 from keras_svr_attention.convert._subclass import subclass
@@ -16,6 +17,8 @@ def target_class(config):
     """The SVR class a converted layer's config builds."""
     if "num_query_heads" in config:
         return SVRGroupedQueryAttention
+    if _cached.describes(config):
+        return _cached.CachedSVRAttention
     return SVRAttention
 
 

@@ -7,9 +7,9 @@ running sums, the linear kernel's recurrent state.
 
 The LM's own plumbing is kept: `call_with_cache` slices one cache tensor
 per decoder layer and stacks them back, so each layer's state travels
-packed in one tensor (`SVRAttention(state_cache=True)`, or the hook's
-`state_cache` option; `get_initial_state(packed=True)`). Two methods
-change:
+packed in one tensor (`CachedSVRAttention(decode_with_state=True)`, or
+the hook's `state_cache` option; `get_initial_state(packed=True)`). Two
+methods change:
 
 - `_build_cache` stacks the layers' initial states for the token buffer's
   length and prefills them with one call over the buffer;
@@ -24,8 +24,8 @@ from keras import ops
 
 from keras_svr_attention.convert import _keras_internals as internals
 from keras_svr_attention.convert import _record as record
+from keras_svr_attention.convert._cached import CachedSVRAttention
 from keras_svr_attention.convert._subclass import subclass
-from keras_svr_attention.layers.svr_attention import SVRAttention
 
 _MARK = "svr_state_decoding"
 _NAME = "StateDecodingCausalLM"
@@ -44,7 +44,7 @@ def state_layers(model):
     return [
         layer
         for layer in internals.flatten_layers(model)
-        if (isinstance(layer, SVRAttention) and layer.options.state_cache)
+        if (isinstance(layer, CachedSVRAttention) and layer.decode_with_state)
         or getattr(layer, "_svr_hook_options", {}).get("state_cache")
     ]
 

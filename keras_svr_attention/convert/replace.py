@@ -82,13 +82,15 @@ def _svr_config(layer, attention, options):
     if families.is_hookable(layer):
         return {"svr_hook": _hook_options(layer, attention, options)}
     config = dict(layer.get_config())
-    target = record.target_class(config)
-    if target is SVRAttention:
-        config["attention_axes"] = None
+    options = dict(options)
+    state = options.pop("state_cache", False)
     if type(layer) is _cached_attention_class():
-        # Its call takes no query/value/key masks, so Keras never passes
-        # the inputs' masks to it: neither may the converted layer use them.
-        config["use_keras_masks"] = False
+        # Called as KerasHub calls it (no Keras masks), and, in a causal LM
+        # that decodes with its mode's state, with the state as its cache.
+        config["decode_with_state"] = state
+    target = record.target_class(config)
+    if issubclass(target, SVRAttention):
+        config["attention_axes"] = None
     try:
         # SH factors: one per head, or per key/value head under GQA.
         heads = config.get("num_key_value_heads", config.get("num_heads"))

@@ -125,8 +125,6 @@ class SVROptions:
     sliding_window: int | None = None
     use_gate: bool = False
     flash_attention: bool | None = None
-    use_keras_masks: bool = True
-    state_cache: bool = False
     logit_soft_cap: float | None = None  # the functional op's only
 
     @property

@@ -120,8 +120,8 @@ class SVRLayer:
             batch_size: int.
             max_length: int. The longest sequence the state will hold;
                 needed by the softmax modes, ignored by the linear kernel.
-            packed: bool. The state as one tensor, for a layer built with
-                `state_cache=True`: the linear state
+            packed: bool. The state as one tensor, as a KerasHub causal
+                LM carries a layer's cache: the linear state
                 `(B, 2, R, num_heads, key_dim)`
                 (`functional.recurrent.pack_state`), a softmax mode's
                 `(B, 1, 1, X)` float32 (`functional.decoding.pack_state`).
@@ -330,17 +330,15 @@ def state_spec(state):
     }
 
 
-def input_masks(
-    query, value, key, query_mask, value_mask, key_mask, use_keras_masks=True
-):
+def input_masks(query, value, key, query_mask, value_mask, key_mask):
     """`(query, value, key, query_mask, key_padding)` ready to project.
 
     `key` defaults to `value` (its mask then ignored, as in
     MultiHeadAttention). Tensors whose Keras masks are consumed here are
     copied, since a sublayer given a tensor with a Keras mask attached
     warns that it drops it. The `(B, T)` query padding is checked, and the
-    `(B, S)` value and key padding checked and merged (None without masks
-    or without `use_keras_masks`). Raises a ValueError naming the mask
+    `(B, S)` value and key padding checked and merged (None without
+    masks). Raises a ValueError naming the mask
     whose known sizes do not fit.
     """
     key_is_value = key is None or key is value
@@ -351,8 +349,6 @@ def input_masks(
     if value_mask is not None or key_mask is not None:
         value = ops.copy(value)
         key = value if key_is_value else ops.copy(key)
-    if not use_keras_masks:
-        return query, value, key, None, None
     (batch, num_queries), num_keys = query.shape[:2], value.shape[1]
     for name, mask, length, axis_name in (
         ("query_mask", query_mask, num_queries, "T"),

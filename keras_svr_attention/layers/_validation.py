@@ -51,8 +51,6 @@ def attention_options(
     block_size,
     conv_kernel_size,
     conv_grid,
-    use_keras_masks=True,
-    state_cache=False,
     **core,
 ):
     """Checks every SVRAttention option and every pair that cannot combine.
@@ -96,34 +94,11 @@ def attention_options(
         sliding_window=sliding_window,
         use_gate=use_gate,
         flash_attention=flash_attention,
-        use_keras_masks=boolean("use_keras_masks", use_keras_masks),
     )
     conv = _check_conv(conv_kernel_size, conv_grid, options.head_factors)
-    dims = (key_dim, value_dim)
     return dropout, dataclasses.replace(
-        options, conv_kernel_size=conv[0], conv_grid=conv[1],
-        state_cache=_check_state_cache(state_cache, kernel, conv[0], dims),
-    )  # fmt: skip
-
-
-def _check_state_cache(state_cache, kernel, conv_kernel_size, dims):
-    """`state_cache`: a packed state needs no convolution, and the linear
-    kernel's `dims = (key_dim, value_dim)` that fit in rows of key_dim."""
-    key_dim, value_dim = dims
-    state_cache = boolean("state_cache", state_cache)
-    if state_cache and (
-        conv_kernel_size
-        or (kernel == "linear" and value_dim not in (None, key_dim))
-    ):
-        raise ValueError(
-            "`state_cache=True` needs no `conv_kernel_size` (a convolved "
-            "key needs the tokens after it) and, with kernel='linear', "
-            "`value_dim` None or equal to `key_dim` (the state is packed in "
-            f"rows of key_dim). Received: kernel={kernel!r}, "
-            f"conv_kernel_size={conv_kernel_size!r}, key_dim={key_dim}, "
-            f"value_dim={value_dim!r}"
-        )
-    return state_cache
+        options, conv_kernel_size=conv[0], conv_grid=conv[1]
+    )
 
 
 def _check_flash(flash_attention, kernel, dropout):

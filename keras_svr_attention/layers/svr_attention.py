@@ -60,12 +60,6 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
             on the projected queries and keys before the scores.
         conv_grid: (height, width) or None. Convolve in 2-D over the patch
             grid instead.
-        use_keras_masks: bool. Apply the inputs' Keras masks as
-            `MultiHeadAttention` does (False: as KerasHub's cached one).
-        state_cache: bool. A `cache` holds the decoding state packed in
-            one tensor (`get_initial_state(packed=True)`), as KerasHub's
-            `call_with_cache` passes it, and `attention_mask` is a causal
-            decoder's mask.
         **kwargs: the other arguments of `MultiHeadAttention`, with their
             meaning there (`value_dim`, `dropout`, `use_bias`,
             `output_shape`, `sliding_window`, `use_gate`, initializers...).
@@ -128,14 +122,12 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
         block_size=None,
         conv_kernel_size=None,
         conv_grid=None,
-        use_keras_masks=True,
-        state_cache=False,
         **kwargs,
     ):
         dropout, self.options = check.attention_options(
             num_heads, key_dim, value_dim, dropout, attention_axes,
             flash_attention, sliding_window, use_gate, sparsity, block_size,
-            conv_kernel_size, conv_grid, use_keras_masks, state_cache,
+            conv_kernel_size, conv_grid,
             beta=beta,
             standardize=standardize, learn_beta=learn_beta, epsilon=epsilon,
             head_factors=head_factors, num_prefix_tokens=num_prefix_tokens,
@@ -240,9 +232,8 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
         if return_attention_scores and self._flash_attention:
             self._refuse_scores_under_flash()
         query, value, key, query_mask, key_padding = common.input_masks(
-            query, value, key, query_mask, value_mask, key_mask,
-            self.options.use_keras_masks,
-        )  # fmt: skip
+            query, value, key, query_mask, value_mask, key_mask
+        )
         gate = self._gate_dense(query) if self._use_gate else None
         query = self._query_dense(query)
         transform_key = None
@@ -252,16 +243,12 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
             def transform_key(key):
                 return self._convolve(key, self.key_conv, use_causal_mask)
 
-        if cache is not None and self._is_state(cache):
+        if isinstance(cache, dict):
             return self._call_with_state(
                 query, key, value, gate, query_mask, key_padding,
                 attention_mask, return_attention_scores, use_causal_mask,
                 cache, cache_update_index,
             )  # fmt: skip
-        if self.options.state_cache and attention_mask is not None:
-            key_padding, attention_mask, use_causal_mask = self._decoder_mask(
-                attention_mask, key_padding
-            )
         if cache is None and cache_update_index is not None:
             self._refuse_index_without_cache(cache_update_index)
         offset, pending = 0, None
@@ -283,44 +270,18 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
         results += (cache,) * (cache is not None)
         return results[0] if len(results) == 1 else results
 
-    def _decoder_mask(self, attention_mask, key_padding):
-        """A causal LM's decoder mask (`state_cache`): causal and key
-        padding, as KerasHub's decoders build it -> `(key padding, None,
-        True)`: the padding, no mask, causal.
-
-        Its last row is the key padding (the last query may see every
-        earlier key); causality is applied as `use_causal_mask`, which the
-        linear kernel takes (it takes no arbitrary mask).
-        """
-        padding = ops.cast(attention_mask, "bool")[..., -1, :]
-        if len(padding.shape) == 1:
-            padding = padding[None]
-        if key_padding is not None:
-            padding = ops.logical_and(padding, key_padding)
-        return padding, None, True
-
     def _refuse_index_without_cache(self, cache_update_index):
         raise ValueError(
             "`cache_update_index` needs a `cache`. Received: "
             f"cache=None, cache_update_index={cache_update_index!r}"
         )
 
-    def _is_state(self, cache):
-        """Whether `cache` is a decoding state: a dict, or any tensor
-        under `state_cache` (the linear state packed)."""
-        return isinstance(cache, dict) or self.options.state_cache
-
     def _call_with_state(
         self, query, key, value, gate, query_mask, key_padding,
         attention_mask, return_scores, causal, state, index,
     ):  # fmt: skip
-        """`call` with a decoding state as `cache` (`get_initial_state`),
-        a dict, or packed (`state_cache`, the linear kernel's): projected
-        query, raw key and value -> `(output, new state)`."""
-        packed = not isinstance(state, dict)
-        if packed:  # causal LM plumbing: its mask and index are not read
-            attention_mask, causal, index = None, True, None
-            state = self._unpack_state(state)
+        """`call` with a decoding state as `cache` (`get_initial_state`):
+        projected query, raw key and value -> `(output, new state)`."""
         self._check_state_call(
             query, value, attention_mask, return_scores, causal, index
         )
@@ -331,8 +292,6 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
         )  # fmt: skip
         if gate is not None:
             output = ops.multiply(output, gate)
-        if packed:
-            state = self._pack_state(state)
         return self._output_dense(output), state
 
     def _head_dims(self):
@@ -438,3 +397,17 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
         config["attention_axes"] = None  # build() fills in (1,)
         config.update(self.options.get_config())
         return config
+
+    @classmethod
+    def from_config(cls, config):
+        # Saved by 0.4 or earlier: KerasHub's calling convention was two
+        # options of this class, now the converter's CachedSVRAttention.
+        config = dict(config)
+        keras_masks = config.pop("use_keras_masks", True)
+        state = config.pop("state_cache", False)
+        if keras_masks is False or state:
+            config["decode_with_state"] = bool(state)
+            return keras.saving.get_registered_object(
+                "keras_svr_attention>CachedSVRAttention"
+            ).from_config(config)
+        return super().from_config(config)

@@ -225,9 +225,7 @@ def test_gpt2_generates_with_the_state_as_teacher_forcing(attention, options):
         for layer in _attention(new)
         if isinstance(layer, ksa.SVRAttention)
     ]
-    assert len(layers) == 2 and all(
-        layer.options.state_cache for layer in layers
-    )
+    assert len(layers) == 2 and all(layer.decode_with_state for layer in layers)
     _, predicted, generated = _generate_and_teacher_force(new)
     np.testing.assert_array_equal(predicted, generated)
     assert len(generated) == 22
@@ -260,7 +258,7 @@ def test_gpt2_decoding_with_the_state_survives_keras_save_and_load(
     assert type(loaded) is type(new) and type(new).__name__ == "GPT2CausalLM"
     assert type(new) is not type(_gpt2_lm())
     assert all(
-        layer.options.state_cache
+        layer.decode_with_state
         for layer in _attention(loaded)
         if isinstance(layer, ksa.SVRAttention)
     )
@@ -441,3 +439,17 @@ def test_a_record_that_names_a_missing_layer_says_so(tmp_path):
     with pytest.raises(ValueError, match="does not match the model") as info:
         keras.saving.load_model(edited)
     assert "no_such_layer/" + "/".join(names[1:]) in str(info.value)
+
+
+def test_a_layer_saved_with_kerashubs_old_flags_loads_as_its_class():
+    # Before CachedSVRAttention, KerasHub's calling convention was two
+    # options of SVRAttention, saved in every layer's config.
+    config = ksa.SVRAttention(num_heads=2, key_dim=4, beta=0.5).get_config()
+    assert "use_keras_masks" not in config and "state_cache" not in config
+    old = {**config, "use_keras_masks": True, "state_cache": False}
+    assert type(ksa.SVRAttention.from_config(old)) is ksa.SVRAttention
+    for state in (False, True):
+        old = {**config, "use_keras_masks": False, "state_cache": state}
+        layer = ksa.SVRAttention.from_config(old)
+        assert type(layer).__name__ == "CachedSVRAttention"
+        assert layer.decode_with_state is state and layer.beta == 0.5

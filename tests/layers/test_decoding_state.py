@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from keras import ops
 
 import keras_svr_attention as ksa
+from keras_svr_attention.convert._cached import CachedSVRAttention
 from keras_svr_attention.functional import decoding
 from keras_svr_attention.functional.options import svr_options
 from tests.testing import BACKEND
@@ -237,10 +238,12 @@ def test_any_options_and_any_pieces_decode_as_the_full_forward(
 @pytest.mark.parametrize("mode", ["bn+sh-prefix", "bn-std+sh-window-prefix"])
 def test_the_packed_state_decodes_as_the_state(mode):
     # A causal LM's plumbing (KerasHub's call_with_cache) passes one tensor
-    # per layer: the packed state, unpacked and packed again by the layer.
+    # per layer: the packed state, unpacked and packed again by the layer
+    # a converted CachedMultiHeadAttention becomes (it takes no padding:
+    # the LM's state holds real tokens only).
     layer = _layer("svr", STATE_MODES[mode])
-    packing = ksa.SVRAttention.from_config(
-        {**layer.get_config(), "state_cache": True}
+    packing = CachedSVRAttention.from_config(
+        {**layer.get_config(), "decode_with_state": True}
     )
     x, valid = _inputs(seed=3)
     packing(x, x)
@@ -249,13 +252,12 @@ def test_the_packed_state_decodes_as_the_state(mode):
     assert len(state.shape) == 4 and state.shape[1:3] == (1, 1)
     outputs = []
     for t in range(LENGTH):
-        piece, mask = x[:, t : t + 1], valid[:, t : t + 1]
-        y, state = packing(
-            piece, piece, query_mask=mask, value_mask=mask, cache=state
-        )
+        piece = x[:, t : t + 1]
+        y, state = packing(piece, piece, cache=state)
         outputs.append(ops.convert_to_numpy(y))
     got = np.concatenate(outputs, axis=1)
-    assert_allclose(got, _full(layer, x, valid), atol=1e-5, rtol=1e-5)
+    full = layer(x, x, use_causal_mask=True)
+    assert_allclose(got, full, atol=1e-5, rtol=1e-5)
     # Every entry comes back as it was kept, in its dtype.
     _, kept = _decode(layer, x, valid, [5], max_length=LENGTH + 3)
     back = decoding.unpack_state(
