@@ -320,8 +320,6 @@ class RotaryState(HookedAttention):
         options, dim = self._svr_state_options(), self._svr_head_dim()
         limit = getattr(self, "_prefill_limit", None)
         if options.kernel == "linear":  # the state is per query head
-            repeats = query.shape[2] // key.shape[2]
-            key, value = (ops.repeat(x, repeats, axis=2) for x in (key, value))
             state = recurrent.unpack_state(cache, options, dim)
             out, state = recurrent.linear_recurrence(
                 query, key, value, state, options, limit=limit

@@ -83,8 +83,10 @@ def linear_recurrence(
     """Causal linear attention of T new tokens from `state`.
 
     Args:
-        query: `(B, T, N, D)`. key: `(B, T, N, D)`. value: `(B, T, N, Dv)`:
-            the projected heads of the new tokens.
+        query: `(B, T, N, D)`. key: `(B, T, K, D)`. value: `(B, T, K, Dv)`:
+            the projected heads of the new tokens; K divides N (grouped
+            query attention: each key/value head serves N / K query heads,
+            the state is kept per query head).
         state: `initial_state(...)` or a state this returned.
         options: `SVROptions` (`head_factors`, `num_prefix_tokens`, BN,
             `chunk_size`).
@@ -100,6 +102,9 @@ def linear_recurrence(
         equal the full causal forward's at the same positions.
     """
     num_heads = query.shape[2]
+    repeats = num_heads // key.shape[2]
+    if repeats > 1:
+        key, value = (ops.repeat(x, repeats, axis=2) for x in (key, value))
     start = state["position"][:1]  # every row stands at the same position
     taken, valid = limited(valid, start, shape_of(query)[1], limit)
     groups = {}

@@ -226,11 +226,6 @@ class SVRLayer:
         queries output zeros."""
         beta = self.beta_weight if self.options.learn_beta else None
         if self.options.kernel == "linear":
-            repeats = query.shape[2] // key.shape[2]
-            if repeats > 1:  # the linear state is kept per query head
-                key, value = (
-                    ops.repeat(x, repeats, axis=2) for x in (key, value)
-                )
             output, state = recurrent.linear_recurrence(
                 query, key, value, state, self._plan_options, beta,
                 key_padding, limit,
