@@ -54,6 +54,14 @@ def key_value_heads(layer):
     return attribute(layer, "num_heads") if heads is None else heads
 
 
+def query_heads(layer):
+    """The layer's query heads, under any of the families' names."""
+    for name in ("num_query_heads", "num_attention_heads", "num_heads"):
+        if attribute(layer, name) is not None:
+            return attribute(layer, name)
+    return None
+
+
 def hook_takes_training(layer):
     """Whether the layer's hook takes `training` (GPT-NeoX's, for the
     dropout on its attention weights)."""
@@ -317,6 +325,13 @@ class RotaryState(HookedAttention):
         query = self._rotated(hidden_states, "query", index)
         key = self._rotated(hidden_states, "key", index)
         value = attribute(self, "value_dense")(hidden_states)
+        out, cache = self._state_step(query, key, value, cache)
+        return attribute(self, "output_dense")(out), cache
+
+    def _state_step(self, query, key, value, cache):
+        """The new tokens' heads `(B, T, n, D)` (n query, key/value heads)
+        laid into the packed state `cache` -> `(attention output (B, T, n,
+        D), the packed state)`."""
         options, dim = self._svr_state_options(), self._svr_head_dim()
         limit = getattr(self, "_prefill_limit", None)
         if options.kernel == "linear":  # the state is per query head
@@ -334,8 +349,7 @@ class RotaryState(HookedAttention):
                 scale=self._svr_family.scale(self),
             )  # fmt: skip
             cache = decoding.pack_state(state)
-        out = ops.cast(out, self.compute_dtype)
-        return attribute(self, "output_dense")(out), cache
+        return ops.cast(out, self.compute_dtype), cache
 
     def _rotated(self, hidden_states, name, index):
         """The query or key heads of the new tokens: projected, normed if
@@ -367,8 +381,60 @@ class RotaryState(HookedAttention):
         options.pop("state_cache", None)
         heads = key_value_heads(self)
         if options.get("kernel") == "linear":
-            repeats = attribute(self, "num_query_heads") // heads
+            repeats = query_heads(self) // heads
             options = svr_options(heads, **options)
             return options.per_query_head(repeats)
         window = self._svr_family.window(self)
         return svr_options(heads, sliding_window=window, **options)
+
+
+class SmolLM3State(RotaryState):
+    """SmolLM3's attention decoding from its mode's state, as
+    `RotaryState`: its projections are `q_proj`, `k_proj` and `v_proj`,
+    flat, reshaped into heads, and `o_proj` from the heads; rotary
+    embedding only in the layers that use it (NoPE layers: none); the
+    cache under KerasHub's keyword names for SmolLM3."""
+
+    def call(self, hidden_states, training=False, attention_mask=None, **kw):
+        cache = kw.get("self_attention_cache")
+        if cache is None:  # the layer's own call, with the hook
+            return super(RotaryState, self).call(
+                hidden_states, training=training,
+                attention_mask=attention_mask, **kw,
+            )  # fmt: skip
+        index = kw.get("self_attention_cache_update_index")
+        index = 0 if index is None else index
+        batch_and_length = tuple(ops.shape(hidden_states)[:-1])
+
+        def heads(projection, num_heads):
+            return ops.reshape(
+                projection(hidden_states),
+                (*batch_and_length, num_heads, self.head_dim),
+            )
+
+        num_kv_heads = self.num_key_value_heads
+        query = heads(self.q_proj, self.num_attention_heads)
+        key = heads(self.k_proj, num_kv_heads)
+        value = heads(self.v_proj, num_kv_heads)
+        if self.use_rope:
+            cos, sin = self.rotary_embedding(query, start_index=index)
+            query, key = smollm3_rotary(query, key, cos, sin)
+        out, cache = self._state_step(query, key, value, cache)
+        return self.o_proj(out), cache  # o_proj takes the heads
+
+    def _svr_head_dim(self):
+        return self.head_dim
+
+
+def smollm3_rotary(query, key, cos, sin):
+    """Rotary embedding as SmolLM3 applies it to `(B, T, n, D)` heads:
+    x cos + rotate_half(x) sin, with `cos` and `sin` `(B, T, D)` laid over
+    the heads and rotate_half(x) = (-x[D/2:], x[:D/2])."""
+    cos, sin = ops.expand_dims(cos, 2), ops.expand_dims(sin, 2)
+
+    def rotate(x):
+        half = x.shape[-1] // 2
+        halves = ops.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+        return x * cos + halves * sin
+
+    return rotate(query), rotate(key)

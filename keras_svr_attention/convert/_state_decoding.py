@@ -68,7 +68,13 @@ class _StateDecoding:
         for layer in layers:
             layer._prefill_limit = limit
         try:
-            _, hidden_states, cache = self.call_with_cache(token_ids, cache, 0)
+            # The index as a tensor, as KerasHub's own `_build_cache`
+            # passes it (SmolLM3's blocks take it in `**kwargs`, where
+            # Keras refuses a Python int beside a tensor).
+            index = ops.convert_to_tensor(0, "int32")
+            _, hidden_states, cache = self.call_with_cache(
+                token_ids, cache, index
+            )
         finally:
             for layer in layers:
                 layer._prefill_limit = None

@@ -176,9 +176,11 @@ FAMILIES = {
         example=_example("MixtralBackbone", "MixtralCausalLM",
                          sliding_window=6, num_experts=2, top_k=1),
     ),
-    # Fused QKV, its own rotary scaling: Llama's hook.
+    # Its own rotary scaling, in its rotary layer: Llama's hook and state.
     "Phi3Attention": Family(
-        "phi3", example=_example("Phi3Backbone", "Phi3CausalLM")
+        "phi3",
+        state_call=hooks.RotaryState,
+        example=_example("Phi3Backbone", "Phi3CausalLM"),
     ),
     # The hook takes the cache index.
     "QwenAttention": Family(
@@ -207,6 +209,7 @@ FAMILIES = {
     # The cache index reaches the hook itself; a NoPE layer.
     "SmolLM3Attention": Family(
         "smollm3",
+        state_call=hooks.SmolLM3State,
         example=_example(
             "SmolLM3Backbone", "SmolLM3CausalLM", gqa=False,
             num_attention_heads=4, num_key_value_heads=2,

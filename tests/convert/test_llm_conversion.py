@@ -362,6 +362,11 @@ def test_lora_and_int8_reach_the_same_sublayers_after_conversion(family):
         ("qwen3-moe", "sh", {"head_factors": [2, 4]}),
         ("mistral", "bn+sh", {"head_factors": [2, 4]}),
         ("mixtral", "bn+sh", {"head_factors": [4, 2]}),
+        ("phi3", "bn+sh", {"head_factors": [2, 4]}),
+        ("phi3", "linear+bn+sh", {"head_factors": [4, 2]}),
+        # SmolLM3: its own names and rotary, a NoPE layer.
+        ("smollm3", "bn+sh", {"head_factors": [2, 4]}),
+        ("smollm3", "linear+bn+sh", {"head_factors": [4, 2]}),
     ],
 )
 def test_llama_generates_with_its_modes_state_as_teacher_forcing(
@@ -374,7 +379,7 @@ def test_llama_generates_with_its_modes_state_as_teacher_forcing(
     lm = _llama(family)
     new = ksa.replace_attention(lm, attention, **options)
     assert all(
-        type(layer).__mro__[1].__name__ == "RotaryState"
+        "RotaryState" in [c.__name__ for c in type(layer).__mro__[1:3]]
         for layer in _attention_layers(new)
     )
     prompt = _batch(length=24)
