@@ -287,13 +287,16 @@ class NeoXRotary(CallTakenOver):
             rotate=self._rotate,
         )  # fmt: skip
 
-    def _rotate(self, query, key, index):
+    def _rotate(self, query, key, index, key_index=0):
+        """The first `rotary_dim` features of the query heads rotated from
+        `index`, of the key heads from `key_index`."""
         d, rotary = self.rotary_dim, self.rotary_embedding_layer
-        query = ops.concatenate(
-            [rotary(query[..., :d], start_index=index), query[..., d:]], -1
-        )
-        key = ops.concatenate([rotary(key[..., :d]), key[..., d:]], -1)
-        return query, key
+
+        def rotate(heads, start):
+            rotated = rotary(heads[..., :d], start_index=start)
+            return ops.concatenate([rotated, heads[..., d:]], -1)
+
+        return rotate(query, index), rotate(key, key_index)
 
 
 class RotaryState(HookedAttention):
@@ -305,8 +308,9 @@ class RotaryState(HookedAttention):
     (`functional.decoding`), so SH's pooled slots and GQA's shared heads
     both shrink it; per query head for the linear kernel
     (`functional.recurrent`). A call without a cache is the layer's own,
-    with the hook. For Llama, Qwen, Qwen-MoE, Qwen3, Qwen3-MoE, Mistral
-    and Mixtral, whose `call`s differ only in those steps."""
+    with the hook. For Llama, Qwen, Qwen-MoE, Qwen3, Qwen3-MoE, Mistral,
+    Mixtral and Phi-3, whose `call`s differ only in those steps; SmolLM3,
+    Gemma and GPT-NeoX subclass it."""
 
     def call(
         self,
@@ -341,14 +345,17 @@ class RotaryState(HookedAttention):
             )
             cache = recurrent.pack_state(state)
         else:
+            # The LM's `_build_cache` gives the length its states were
+            # made for: they are padded to one size where layers differ.
+            size, length = cache.shape[-1], getattr(self, "_max_length", None)
             state = decoding.unpack_state(
-                cache, options, dim, dim, self.compute_dtype
+                cache, options, dim, dim, self.compute_dtype, length
             )
             out, state = decoding.decode(
                 query, key, value, state, options, limit=limit,
                 scale=self._svr_family.scale(self),
             )  # fmt: skip
-            cache = decoding.pack_state(state)
+            cache = decoding.pack_state(state, size)
         return ops.cast(out, self.compute_dtype), cache
 
     def _rotated(self, hidden_states, name, index):
@@ -384,8 +391,12 @@ class RotaryState(HookedAttention):
             repeats = query_heads(self) // heads
             options = svr_options(heads, **options)
             return options.per_query_head(repeats)
-        window = self._svr_family.window(self)
-        return svr_options(heads, sliding_window=window, **options)
+        return svr_options(
+            heads,
+            sliding_window=self._svr_family.window(self),
+            logit_soft_cap=getattr(self, "logit_soft_cap", None),
+            **options,
+        )
 
 
 class SmolLM3State(RotaryState):
@@ -424,6 +435,53 @@ class SmolLM3State(RotaryState):
 
     def _svr_head_dim(self):
         return self.head_dim
+
+
+class GemmaState(RotaryState):
+    """Gemma's attention decoding from its mode's state, as `RotaryState`:
+    its heads rotated by its own `_apply_rope` (Gemma's layout of the
+    rotary features), its logits soft-capped in the state as in its hook,
+    its band on the layers with a sliding window."""
+
+    def _rotated(self, hidden_states, name, index):
+        heads = attribute(self, name + "_dense")(hidden_states)
+        return self._apply_rope(heads, index)
+
+    def _svr_head_dim(self):
+        return self.head_dim
+
+
+class NeoXState(RotaryState, NeoXRotary):
+    """GPT-NeoX's attention decoding from its mode's state, as
+    `RotaryState`: its fused projection split into query, key and value
+    heads, both query and key partially rotated at `cache_update_index`
+    (the state keeps keys rotated, where NeoX's own cache keeps them
+    unrotated). A call without a cache is `NeoXRotary`'s."""
+
+    def call(
+        self,
+        hidden_states,
+        attention_mask=None,
+        cache=None,
+        cache_update_index=None,
+        training=None,
+    ):
+        if cache is None:
+            return super().call(
+                hidden_states, attention_mask=attention_mask,
+                training=training,
+            )  # fmt: skip
+        index = 0 if cache_update_index is None else cache_update_index
+        heads, size = self._qkv_dense(hidden_states), self.attn_head_size
+        query, key = heads[..., :size], heads[..., size : 2 * size]
+        query, key = self._rotate(query, key, index, key_index=index)
+        out, cache = self._state_step(query, key, heads[..., 2 * size :], cache)
+        batch, length = ops.shape(out)[0], ops.shape(out)[1]
+        out = ops.reshape(out, (batch, length, out.shape[2] * out.shape[3]))
+        return self._output_dense(out), cache
+
+    def _svr_head_dim(self):
+        return self.attn_head_size
 
 
 def smollm3_rotary(query, key, cos, sin):

@@ -1,6 +1,7 @@
 """KerasHub causal LMs whose attention is KerasHub's cached one (GPT-2),
 or one whose `families` record has a `state_call` (Llama, Qwen, Qwen3,
-Mistral, Mixtral and their MoE variants), generate with their mode's
+Mistral, Mixtral and their MoE variants, Phi-3, SmolLM3, GPT-NeoX,
+Gemma), generate with their mode's
 decoding state (the rules page, "Decoding state" and "Linear state")
 instead of a key/value cache: SH's pooled keys and values, Attention-BN's
 running sums, the linear kernel's recurrent state.
@@ -57,13 +58,22 @@ class _StateDecoding:
         caches, then prefilled over `token_ids` (positions from 0)."""
         layers = state_layers(self)
         batch, length = ops.shape(token_ids)[0], token_ids.shape[1]
-        cache = ops.stack(
-            [
-                layer.get_initial_state(batch, length, packed=True)
-                for layer in layers
-            ],
-            axis=1,
-        )
+        states = [
+            layer.get_initial_state(batch, length, packed=True)
+            for layer in layers
+        ]
+        for layer in layers:
+            layer._max_length = length
+        size = max(state.shape[-1] for state in states)
+        if any(state.shape[-1] != size for state in states):
+            # Packed softmax states that differ in size (a band on some
+            # layers only) are padded to the largest; each layer reads its
+            # own for `length`.
+            states = [
+                ops.pad(state, [(0, 0)] * 3 + [(0, size - state.shape[-1])])
+                for state in states
+            ]
+        cache = ops.stack(states, axis=1)
         limit = getattr(self, "_svr_prefill_limit", None)
         for layer in layers:
             layer._prefill_limit = limit

@@ -224,6 +224,7 @@ FAMILIES = {
     "CachedGemmaAttention": Family(
         "gemma",
         scale=gemma_scale,
+        state_call=hooks.GemmaState,
         example=_example(
             "GemmaBackbone", "GemmaCausalLM", head_dim=4,
             attention_logit_soft_cap=0.5, final_logit_soft_cap=30.0,
@@ -265,6 +266,7 @@ FAMILIES = {
     "GPTNeoXAttention": Family(
         "neox",
         call=hooks.NeoXRotary,
+        state_call=hooks.NeoXState,
         example=_example("GPTNeoXBackbone", "GPTNeoXCausalLM", gqa=False,
                          num_heads=4, max_sequence_length=32,
                          rotary_percentage=0.5),

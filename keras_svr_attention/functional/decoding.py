@@ -144,28 +144,37 @@ def _layout(options, max_length, key_dim, value_dim, dtype):
     return layout
 
 
-def pack_state(state):
+def pack_state(state, size=None):
     """The state as one float32 tensor `(B, 1, 1, X)`, for cache plumbing
     that passes one tensor per layer (KerasHub's `call_with_cache` stacks
     and slices them, and its decoders read the cache's axis 2 as the
     length of the mask they build, here 1): the entries flattened, in the
-    order of their names. Keys and values in float16 or bfloat16, counts
-    and positions below 2^24 are exact in float32."""
+    order of their names, then zeros up to `size` numbers if given (the
+    size shared by layers whose states differ: a band on some layers
+    only). Keys and values in float16 or bfloat16, counts and positions
+    below 2^24 are exact in float32."""
     batch = shape_of(state["position"])[0]
     flat = [
         ops.reshape(ops.cast(state[name], "float32"), (batch, -1))
         for name in sorted(state)
     ]
-    return ops.concatenate(flat, axis=1)[:, None, None]
+    flat = ops.concatenate(flat, axis=1)
+    if size is not None and size > flat.shape[1]:
+        flat = ops.pad(flat, [(0, 0), (0, size - flat.shape[1])])
+    return flat[:, None, None]
 
 
-def unpack_state(packed, options, key_dim, value_dim, dtype):
+def unpack_state(packed, options, key_dim, value_dim, dtype, max_length=None):
     """`pack_state`'s tensor -> the state dict of `options`; the
-    `max_length` it was made for is read from its size."""
-    layout = _packed_layout(
-        packed.shape[-1], options, key_dim, value_dim,
-        keras.backend.standardize_dtype(dtype),
-    )  # fmt: skip
+    `max_length` it was made for is read from its size, unless given (a
+    state padded to a size shared with other layers')."""
+    dtype = keras.backend.standardize_dtype(dtype)
+    if max_length is None:
+        layout = _packed_layout(
+            packed.shape[-1], options, key_dim, value_dim, dtype
+        )
+    else:
+        layout = _layout(options, max_length, key_dim, value_dim, dtype)
     flat, start, state = packed[:, 0, 0], 0, {}
     for name in sorted(layout):
         shape, entry_dtype = layout[name]
@@ -349,7 +358,10 @@ def _group_step(query, key, value, valid, state, factor, options, call):
         query = statistics.recenter_query(
             query, None, beta, options, moments=(mean, variance)
         )
-    out = _attend(query, keys, values, mask, repeats, scale, flash_attention)
+    out = _attend(
+        query, keys, values, mask, repeats, scale, flash_attention,
+        options.logit_soft_cap,
+    )  # fmt: skip
     return out, new
 
 
@@ -429,9 +441,12 @@ def _write(state, laid, factor, p, start, num_new):
     return new
 
 
-def _attend(query, keys, values, mask, repeats, scale, flash_attention):
-    """Softmax attention of the group's query heads over its slots; the
-    `repeats` query heads of a key/value head become query rows."""
+def _attend(
+    query, keys, values, mask, repeats, scale, flash_attention, soft_cap
+):  # fmt: skip
+    """Softmax attention of the group's query heads over its slots, its
+    logits capped by `soft_cap` (or None); the `repeats` query heads of a
+    key/value head become query rows."""
     batch, num_new, num_heads, dim = shape_of(query)
     groups = num_heads // repeats
     if repeats > 1:  # (B, T, n r, D) -> (B, T r, n, D), rows t r + m
@@ -441,7 +456,7 @@ def _attend(query, keys, values, mask, repeats, scale, flash_attention):
         mask = ops.repeat(mask, repeats, axis=1)
     out, _ = kernels.softmax_attention(
         query, keys, values, mask[:, None], scale=scale,
-        flash_attention=flash_attention,
+        flash_attention=flash_attention, soft_cap=soft_cap,
     )  # fmt: skip
     if repeats > 1:
         out = ops.reshape(out, (batch, num_new, repeats, groups, -1))

@@ -367,6 +367,13 @@ def test_lora_and_int8_reach_the_same_sublayers_after_conversion(family):
         # SmolLM3: its own names and rotary, a NoPE layer.
         ("smollm3", "bn+sh", {"head_factors": [2, 4]}),
         ("smollm3", "linear+bn+sh", {"head_factors": [4, 2]}),
+        # Gemma: its rotary layout, soft-capped logits, a band every
+        # other layer.
+        ("gemma", "bn+sh", {"head_factors": [2, 4]}),
+        ("gemma", "softmax", {}),
+        # GPT-NeoX: its fused projection and partial rotary, no GQA.
+        ("neox", "bn+sh", {"head_factors": [2, 4, 2, 4]}),
+        ("neox", "linear+bn+sh", {"head_factors": [4, 2, 2, 4]}),
     ],
 )
 def test_llama_generates_with_its_modes_state_as_teacher_forcing(

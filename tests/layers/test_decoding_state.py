@@ -263,12 +263,22 @@ def test_the_packed_state_decodes_as_the_state(mode):
     back = decoding.unpack_state(
         decoding.pack_state(kept), layer.options, 3, 3, "float32"
     )
-    assert set(back) == set(kept)
-    for name, tensor in kept.items():
-        assert back[name].dtype == tensor.dtype, name
-        np.testing.assert_array_equal(
-            ops.convert_to_numpy(back[name]), ops.convert_to_numpy(tensor)
-        )
+    # Padded to a size shared with other layers (a converted Gemma's
+    # layers with and without a band), read for the length it was made for.
+    packed = decoding.pack_state(kept)
+    padded = decoding.pack_state(kept, size=packed.shape[-1] + 7)
+    assert padded.shape[-1] == packed.shape[-1] + 7
+    padded_back = decoding.unpack_state(
+        padded, layer.options, 3, 3, "float32", max_length=LENGTH + 3
+    )
+    for unpacked in (back, padded_back):
+        assert set(unpacked) == set(kept)
+        for name, tensor in kept.items():
+            assert unpacked[name].dtype == tensor.dtype, name
+            np.testing.assert_array_equal(
+                ops.convert_to_numpy(unpacked[name]),
+                ops.convert_to_numpy(tensor),
+            )
     # One number short: no max_length lays that size (an unpooled head
     # adds 2 key_dim + 1 numbers per position).
     with pytest.raises(ValueError, match="packed for another layer"):
