@@ -211,9 +211,13 @@ class CallTakenOver(HookedAttention):
         out = self._compute_attention(
             query, key, value, mask, cache_update_index=index, key_bias=key_bias
         )
+        return self._output(out), cache
+
+    def _output(self, out):
+        """The heads `(B, T, N, D)` joined, then the output projection."""
         batch, length = ops.shape(out)[0], ops.shape(out)[1]
         out = ops.reshape(out, (batch, length, out.shape[2] * out.shape[3]))
-        return attribute(self, "output_dense")(out), cache
+        return attribute(self, "output_dense")(out)
 
     def _biased_call(self, x, key_bias, mask, cache, index):
         """Bloom's and Falcon's `call` once their bias is known: their
@@ -310,7 +314,7 @@ class RotaryState(HookedAttention):
     (`functional.recurrent`). A call without a cache is the layer's own,
     with the hook. For Llama, Qwen, Qwen-MoE, Qwen3, Qwen3-MoE, Mistral,
     Mixtral and Phi-3, whose `call`s differ only in those steps; SmolLM3,
-    Gemma and GPT-NeoX subclass it."""
+    Gemma, Gemma 3, GPT-OSS and GPT-NeoX subclass it."""
 
     def call(
         self,
@@ -326,11 +330,25 @@ class RotaryState(HookedAttention):
                 training=training,
             )  # fmt: skip
         index = 0 if cache_update_index is None else cache_update_index
+        return self._decode(hidden_states, cache, index)
+
+    def _decode(self, hidden_states, cache, index):
+        """The new tokens at `index` through the packed state `cache` ->
+        `(output, the packed state)`."""
+        query, key, value = self._new_heads(hidden_states, index)
+        out, cache = self._state_step(query, key, value, cache)
+        return self._output(out), cache
+
+    def _new_heads(self, hidden_states, index):
+        """The new tokens' query, key and value heads `(B, T, n, D)`, the
+        query and key rotated from `index`."""
         query = self._rotated(hidden_states, "query", index)
         key = self._rotated(hidden_states, "key", index)
-        value = attribute(self, "value_dense")(hidden_states)
-        out, cache = self._state_step(query, key, value, cache)
-        return attribute(self, "output_dense")(out), cache
+        return query, key, attribute(self, "value_dense")(hidden_states)
+
+    def _output(self, out):
+        """The output projection of the attention heads `(B, T, N, D)`."""
+        return attribute(self, "output_dense")(out)
 
     def _state_step(self, query, key, value, cache):
         """The new tokens' heads `(B, T, n, D)` (n query, key/value heads)
@@ -354,6 +372,7 @@ class RotaryState(HookedAttention):
             out, state = decoding.decode(
                 query, key, value, state, options, limit=limit,
                 scale=self._svr_family.scale(self),
+                sinks=self.sinks if self._svr_family.sinks else None,
             )  # fmt: skip
             cache = decoding.pack_state(state, size)
         return ops.cast(out, self.compute_dtype), cache
@@ -414,7 +433,9 @@ class SmolLM3State(RotaryState):
                 attention_mask=attention_mask, **kw,
             )  # fmt: skip
         index = kw.get("self_attention_cache_update_index")
-        index = 0 if index is None else index
+        return self._decode(hidden_states, cache, 0 if index is None else index)
+
+    def _new_heads(self, hidden_states, index):
         batch_and_length = tuple(ops.shape(hidden_states)[:-1])
 
         def heads(projection, num_heads):
@@ -430,25 +451,62 @@ class SmolLM3State(RotaryState):
         if self.use_rope:
             cos, sin = self.rotary_embedding(query, start_index=index)
             query, key = smollm3_rotary(query, key, cos, sin)
-        out, cache = self._state_step(query, key, value, cache)
-        return self.o_proj(out), cache  # o_proj takes the heads
+        return query, key, value
+
+    def _output(self, out):
+        return self.o_proj(out)  # o_proj takes the heads
 
     def _svr_head_dim(self):
         return self.head_dim
 
 
 class GemmaState(RotaryState):
-    """Gemma's attention decoding from its mode's state, as `RotaryState`:
-    its heads rotated by its own `_apply_rope` (Gemma's layout of the
-    rotary features), its logits soft-capped in the state as in its hook,
-    its band on the layers with a sliding window."""
+    """Gemma's and Gemma 3's attention decoding from its mode's state, as
+    `RotaryState`: its heads QK-normed where it norms them (Gemma 3) and
+    rotated by its own `_apply_rope` (Gemma's layout of the rotary
+    features, Gemma 3's wavelength per layer), its logits soft-capped in
+    the state as in its hook, its band on the layers with a sliding
+    window.
+
+    Gemma 3's `cache_update_mask` keeps a prompt's image tokens out of
+    the cache during generation; a state cannot skip a token, and a
+    decoder with a vision encoder is refused, so it is not read."""
+
+    def call(
+        self,
+        x,
+        attention_mask=None,
+        cache=None,
+        cache_update_index=0,
+        cache_update_mask=None,
+        training=False,
+    ):
+        return super().call(
+            x, attention_mask=attention_mask, cache=cache,
+            cache_update_index=cache_update_index, training=training,
+        )  # fmt: skip
 
     def _rotated(self, hidden_states, name, index):
         heads = attribute(self, name + "_dense")(hidden_states)
+        if getattr(self, "use_query_key_norm", False):
+            heads = getattr(self, name + "_norm")(heads)
         return self._apply_rope(heads, index)
 
     def _svr_head_dim(self):
         return self.head_dim
+
+
+class GptOssState(RotaryState):
+    """GPT-OSS's attention decoding from its mode's state, as
+    `RotaryState`: the first `_rotary_dim` features of its heads rotated
+    (all of them at an even head dimension), its learned sinks in each
+    row's denominator, its band j >= pos(i) - w."""
+
+    def _rotated(self, hidden_states, name, index):
+        heads = attribute(self, name + "_dense")(hidden_states)
+        d = self._rotary_dim
+        rotated = self.rotary_embedding_layer(heads[..., :d], start_index=index)
+        return ops.concatenate([rotated, heads[..., d:]], axis=-1)
 
 
 class NeoXState(RotaryState, NeoXRotary):
@@ -458,27 +516,13 @@ class NeoXState(RotaryState, NeoXRotary):
     (the state keeps keys rotated, where NeoX's own cache keeps them
     unrotated). A call without a cache is `NeoXRotary`'s."""
 
-    def call(
-        self,
-        hidden_states,
-        attention_mask=None,
-        cache=None,
-        cache_update_index=None,
-        training=None,
-    ):
-        if cache is None:
-            return super().call(
-                hidden_states, attention_mask=attention_mask,
-                training=training,
-            )  # fmt: skip
-        index = 0 if cache_update_index is None else cache_update_index
+    def _new_heads(self, hidden_states, index):
         heads, size = self._qkv_dense(hidden_states), self.attn_head_size
         query, key = heads[..., :size], heads[..., size : 2 * size]
         query, key = self._rotate(query, key, index, key_index=index)
-        out, cache = self._state_step(query, key, heads[..., 2 * size :], cache)
-        batch, length = ops.shape(out)[0], ops.shape(out)[1]
-        out = ops.reshape(out, (batch, length, out.shape[2] * out.shape[3]))
-        return self._output_dense(out), cache
+        return query, key, heads[..., 2 * size :]
+
+    _output = CallTakenOver._output  # its heads joined, as without a state
 
     def _svr_head_dim(self):
         return self.attn_head_size

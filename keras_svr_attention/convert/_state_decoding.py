@@ -1,7 +1,7 @@
 """KerasHub causal LMs whose attention is KerasHub's cached one (GPT-2),
 or one whose `families` record has a `state_call` (Llama, Qwen, Qwen3,
 Mistral, Mixtral and their MoE variants, Phi-3, SmolLM3, GPT-NeoX,
-Gemma), generate with their mode's
+Gemma, Gemma 3, GPT-OSS), generate with their mode's
 decoding state (the rules page, "Decoding state" and "Linear state")
 instead of a key/value cache: SH's pooled keys and values, Attention-BN's
 running sums, the linear kernel's recurrent state.
@@ -25,6 +25,7 @@ from keras import ops
 
 from keras_svr_attention.convert import _keras_internals as internals
 from keras_svr_attention.convert import _record as record
+from keras_svr_attention.convert import families
 from keras_svr_attention.convert._cached import CachedSVRAttention
 from keras_svr_attention.convert._subclass import subclass
 
@@ -64,16 +65,20 @@ class _StateDecoding:
         ]
         for layer in layers:
             layer._max_length = length
+        # Packed softmax states that differ in size (a band on some layers
+        # only) are padded to the largest; each layer reads its own for
+        # `length`, wherever it stands in the LM.
         size = max(state.shape[-1] for state in states)
-        if any(state.shape[-1] != size for state in states):
-            # Packed softmax states that differ in size (a band on some
-            # layers only) are padded to the largest; each layer reads its
-            # own for `length`.
-            states = [
-                ops.pad(state, [(0, 0)] * 3 + [(0, size - state.shape[-1])])
-                for state in states
-            ]
-        cache = ops.stack(states, axis=1)
+        states = [
+            ops.pad(state, [(0, 0)] * 3 + [(0, size - state.shape[-1])])
+            if state.shape[-1] < size
+            else state
+            for state in states
+        ]
+        if families.of(layers[0]).cache_tuple:  # Gemma 3: one per layer
+            cache = tuple(states)
+        else:
+            cache = ops.stack(states, axis=1)
         limit = getattr(self, "_svr_prefill_limit", None)
         for layer in layers:
             layer._prefill_limit = limit

@@ -96,6 +96,8 @@ class Family:
             `HookedAttention` (the hook), or one that takes over `call`.
         state_call: the mixin whose `call` decodes from the mode's state
             (`state_cache=True`), or None.
+        cache_tuple: the family's causal LM carries its layers' caches as
+            a tuple (Gemma 3), not stacked on axis 1.
         blocked: a feature SVR attention does not compose with yet, in
             words; the layer is refused naming it.
         example: a tiny model of the family for the tests: `backbone` and
@@ -111,6 +113,7 @@ class Family:
     dropout: Callable = hook_dropout
     call: type = hooks.HookedAttention
     state_call: type | None = None
+    cache_tuple: bool = False
     blocked: str | None = None
     example: dict | None = None
 
@@ -236,6 +239,8 @@ FAMILIES = {
     "CachedGemma3Attention": Family(
         "gemma3",
         scale=gemma_scale,
+        state_call=hooks.GemmaState,
+        cache_tuple=True,
         example=_example(
             "Gemma3Backbone", "Gemma3CausalLM", num_layers=6,
             image_size=None, head_dim=4, use_sliding_window_attention=True,
@@ -258,6 +263,7 @@ FAMILIES = {
         "gpt-oss",
         window=window_from_left_edge,
         sinks=True,
+        state_call=hooks.GptOssState,
         example=_example("GptOssBackbone", "GptOssCausalLM", num_experts=2,
                          sliding_window=3),
     ),

@@ -232,7 +232,7 @@ def _itemsize(dtype):
 
 def decode(
     query, key, value, state, options, beta=None, valid=None, scale=None,
-    flash_attention=None, limit=None,
+    flash_attention=None, limit=None, sinks=None,
 ):  # fmt: skip
     """Causal softmax attention of T new tokens from `state`.
 
@@ -249,6 +249,9 @@ def decode(
         flash_attention: passed to `keras.ops.dot_product_attention`.
         limit: int scalar tensor, or None. Only the tokens at positions
             < `limit` enter the state (`recurrent.limited`).
+        sinks: `(N,)` attention sink logits, one per query head, or None
+            (`kernels.softmax_attention`; under BN the row term that no
+            longer cancels joins them, as in the full forward).
 
     Returns:
         `(output (B, T, N, Dv) in value.dtype, new state)`.
@@ -260,6 +263,8 @@ def decode(
     start = state["position"][:1]  # every row stands at the same position
     taken, valid = recurrent.limited(valid, start, shape_of(query)[1], limit)
     call = (start, taken, beta, scale, flash_attention, repeats)
+    if sinks is not None:
+        sinks = ops.cast(sinks, "float32")
     outputs, new_state, order = [], {}, []
     for factor, heads in head_groups(options):
         tag = f"r{factor}_"
@@ -274,7 +279,10 @@ def decode(
             visibility.select_heads(x, heads, num_kv_heads, 2)
             for x in (key, value)
         )
-        out, group = _group_step(q, k, v, valid, group, factor, options, call)
+        group_sinks = visibility.select_heads(sinks, query_heads, num_heads, 0)
+        out, group = _group_step(
+            q, k, v, valid, group, factor, options, call, group_sinks
+        )
         outputs.append(out)
         new_state.update(
             {tag + name: _outside(name, t) for name, t in group.items()}
@@ -315,11 +323,14 @@ def _as(tensor, dtype):
     return ops.cast(tensor, dtype)
 
 
-def _group_step(query, key, value, valid, state, factor, options, call):
+def _group_step(
+    query, key, value, valid, state, factor, options, call, sinks=None
+):  # fmt: skip
     """One group of key/value heads sharing `factor`: lay the new tokens,
     write the slots that end in this call, attend over the slots.
     `call` is `(start (1,), taken, beta, scale, flash_attention,
-    repeats)`, `taken` how many new tokens enter the state."""
+    repeats)`, `taken` how many new tokens enter the state; `sinks` the
+    group's query heads' sink logits `(n r,)` in float32, or None."""
     start, taken, beta, scale, flash_attention, repeats = call
     num_new = shape_of(query)[1]
     p = options.num_prefix_tokens
@@ -356,11 +367,16 @@ def _group_step(query, key, value, valid, state, factor, options, call):
                 ops.cast(x, "float32") for x in (query, keys, values)
             )
         query = statistics.recenter_query(
-            query, None, beta, options, moments=(mean, variance)
-        )
+            query, None, beta, options, with_offset=sinks is not None,
+            moments=(mean, variance),
+        )  # fmt: skip
+        if sinks is not None:  # the row term that a sink does not cancel
+            query, offset = query
+            row_scale = query.shape[-1] ** -0.5 if scale is None else scale
+            sinks = sinks + offset * row_scale  # (B, T, n r)
     out = _attend(
         query, keys, values, mask, repeats, scale, flash_attention,
-        options.logit_soft_cap,
+        options.logit_soft_cap, sinks,
     )  # fmt: skip
     return out, new
 
@@ -442,13 +458,20 @@ def _write(state, laid, factor, p, start, num_new):
 
 
 def _attend(
-    query, keys, values, mask, repeats, scale, flash_attention, soft_cap
+    query, keys, values, mask, repeats, scale, flash_attention, soft_cap,
+    sinks,
 ):  # fmt: skip
     """Softmax attention of the group's query heads over its slots, its
-    logits capped by `soft_cap` (or None); the `repeats` query heads of a
-    key/value head become query rows."""
+    logits capped by `soft_cap` (or None), each row's denominator holding
+    its query head's sink (`sinks` `(B|1, T|1, n r)`, or None); the
+    `repeats` query heads of a key/value head become query rows."""
     batch, num_new, num_heads, dim = shape_of(query)
     groups = num_heads // repeats
+    if sinks is not None:  # laid as the query rows: (B, n, T r, 1)
+        sinks = ops.broadcast_to(sinks, (batch, num_new, num_heads))
+        sinks = ops.reshape(sinks, (batch, num_new, groups, repeats))
+        sinks = ops.transpose(sinks, (0, 2, 1, 3))  # (B, n, T, r)
+        sinks = ops.reshape(sinks, (batch, groups, -1, 1))
     if repeats > 1:  # (B, T, n r, D) -> (B, T r, n, D), rows t r + m
         query = ops.reshape(query, (batch, num_new, groups, repeats, dim))
         query = ops.transpose(query, (0, 1, 3, 2, 4))
@@ -456,7 +479,7 @@ def _attend(
         mask = ops.repeat(mask, repeats, axis=1)
     out, _ = kernels.softmax_attention(
         query, keys, values, mask[:, None], scale=scale,
-        flash_attention=flash_attention, soft_cap=soft_cap,
+        flash_attention=flash_attention, soft_cap=soft_cap, sinks=sinks,
     )  # fmt: skip
     if repeats > 1:
         out = ops.reshape(out, (batch, num_new, repeats, groups, -1))

@@ -136,6 +136,29 @@ GENERATE_CASES = [
 ]
 
 
+def _generate(lm, family, prompt):
+    """Greedy token ids of `lm` from `prompt`, as many as its buffer."""
+    if family in ("gemma3", "gemma4"):  # generate() wants a preprocessor
+        out = lm.generate_step(
+            {k: ops.convert_to_tensor(v) for k, v in prompt.items()},
+            stop_token_ids=None,
+        )
+    else:
+        length = prompt["token_ids"].shape[1]
+        out = lm.generate(prompt, max_length=length, stop_token_ids=None)
+    return ops.convert_to_numpy(out["token_ids"])
+
+
+def _cache(lm, family, prompt):
+    """`lm`'s cache for `prompt`'s buffer, and how many numbers it holds."""
+    args = [ops.convert_to_tensor(prompt["token_ids"])]
+    if family == "gemma3":  # images, their mask, padding, their indices
+        args += [None, None, ops.convert_to_tensor(prompt["padding_mask"])]
+        args += [None]
+    cache = lm._build_cache(*args)[1]
+    return cache, sum(np.prod(x.shape) for x in keras.tree.flatten(cache))
+
+
 @pytest.mark.parametrize("family,attention", GENERATE_CASES)
 def test_generate_with_the_cache_equals_teacher_forcing(family, attention):
     # Greedy generation with the cache: one full causal forward over the
@@ -150,14 +173,7 @@ def test_generate_with_the_cache_equals_teacher_forcing(family, attention):
     prompt["padding_mask"][1, 4:] = False
     prompt["token_ids"][~prompt["padding_mask"]] = 0
     new.compile(sampler="greedy")
-    if family in ("gemma3", "gemma4"):  # generate() wants a preprocessor
-        out = new.generate_step(
-            {k: ops.convert_to_tensor(v) for k, v in prompt.items()},
-            stop_token_ids=None,
-        )
-    else:
-        out = new.generate(prompt, max_length=16, stop_token_ids=None)
-    tokens = ops.convert_to_numpy(out["token_ids"])
+    tokens = _generate(new, family, prompt)
     full = {"token_ids": tokens, "padding_mask": np.ones_like(tokens, bool)}
     logits = ops.convert_to_numpy(new(_inputs(new, full)))
     generated = ~prompt["padding_mask"]
@@ -371,6 +387,11 @@ def test_lora_and_int8_reach_the_same_sublayers_after_conversion(family):
         # other layer.
         ("gemma", "bn+sh", {"head_factors": [2, 4]}),
         ("gemma", "softmax", {}),
+        # Gemma 3: QK-norm, a tuple of layer caches, 5 local : 1 global.
+        ("gemma3", "bn+sh", {"head_factors": [2, 4]}),
+        # GPT-OSS: sinks (under BN with the row term), its band.
+        ("gpt-oss", "bn+sh", {"head_factors": [2, 4]}),
+        ("gpt-oss", "softmax", {}),
         # GPT-NeoX: its fused projection and partial rotary, no GQA.
         ("neox", "bn+sh", {"head_factors": [2, 4, 2, 4]}),
         ("neox", "linear+bn+sh", {"head_factors": [4, 2, 2, 4]}),
@@ -398,8 +419,7 @@ def test_llama_generates_with_its_modes_state_as_teacher_forcing(
     new.save(path)
     for model in (new, keras.saving.load_model(path)):
         model.compile(sampler="greedy")
-        out = model.generate(prompt, max_length=24, stop_token_ids=None)
-        tokens = ops.convert_to_numpy(out["token_ids"])
+        tokens = _generate(model, family, prompt)
         logits = ops.convert_to_numpy(
             model({"token_ids": tokens, "padding_mask": np.ones_like(tokens)})
         )
@@ -408,10 +428,8 @@ def test_llama_generates_with_its_modes_state_as_teacher_forcing(
         np.testing.assert_array_equal(
             logits[rows, cols - 1].argmax(-1), tokens[rows, cols]
         )
-    ids = ops.convert_to_tensor(prompt["token_ids"])
-    cache = new._build_cache(ids)[1]
-    kv_cache = lm._build_cache(ids)[1]
-    ratio = np.prod(cache.shape) / np.prod(kv_cache.shape)
+    cache, numbers = _cache(new, family, prompt)
+    ratio = numbers / _cache(lm, family, prompt)[1]
     if attention == "softmax":  # the keys and values, slot flags, positions
         assert tuple(cache.shape[2:4]) == (1, 1) and 1 < ratio < 1.1
     else:  # key/value heads pooled by 2 and 4, plus open windows and sums

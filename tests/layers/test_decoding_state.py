@@ -301,3 +301,42 @@ def test_what_has_no_state_says_why():
         layer(x, x, cache=np.zeros((2, 2, 3, 2, 3)), use_causal_mask=True)
     with pytest.raises(ValueError, match="use_causal_mask=True"):
         layer(x, x, cache=layer.get_initial_state(2, max_length=3))
+
+
+@pytest.mark.parametrize("beta", [None, 0.8])
+def test_decoding_with_sinks_equals_the_ops_full_causal_forward(beta):
+    # GPT-OSS's learned sinks join each row's denominator; under BN the
+    # row term c_i = q'_i^T (b mu_i) joins them (it no longer cancels).
+    # Grouped query heads (4 over 2 key/value heads), pooled, in a band:
+    # token by token after a prefill of 7, as the op's one causal forward.
+    rng = np.random.default_rng(5)
+    query = rng.normal(size=(2, LENGTH, 4, 3)).astype("float32")
+    key, value = (
+        rng.normal(size=(2, LENGTH, 2, 3)).astype("float32") for _ in "kv"
+    )
+    sinks = rng.normal(size=(4,)).astype("float32")
+    factors, window = [2, 3], 7
+    full = ksa.ops.svr_dot_product_attention(
+        query, key, value, is_causal=True, beta=beta, head_factors=factors,
+        sliding_window=window, sinks=sinks,
+    )  # fmt: skip
+    options = svr_options(
+        2, beta=beta, head_factors=factors, sliding_window=window
+    )
+    state = decoding.initial_state(options, 2, LENGTH, 3, 3, "float32")
+    outputs = []
+    ends = [0, *range(7, LENGTH + 1)]  # a prefill, then one token a step
+    for start, stop in zip(ends[:-1], ends[1:], strict=True):
+        out, state = decoding.decode(
+            query[:, start:stop], key[:, start:stop], value[:, start:stop],
+            state, options, sinks=sinks,
+        )  # fmt: skip
+        outputs.append(ops.convert_to_numpy(out))
+    assert_allclose(np.concatenate(outputs, axis=1), full, atol=1e-5, rtol=1e-5)
+    # The sinks count: without them the outputs differ.
+    state = decoding.initial_state(options, 2, LENGTH, 3, 3, "float32")
+    plain, _ = decoding.decode(query, key, value, state, options)
+    assert (
+        np.abs(ops.convert_to_numpy(plain) - ops.convert_to_numpy(full)).max()
+        > 1e-2
+    )
