@@ -321,7 +321,8 @@ def examples(session, backend):
 @nox.parametrize("backend", BACKENDS)
 def bench(session, backend):
     """FLOPs/memory (XLA, jax), speed against MHA, augmentation cost,
-    decoding cost per token (every mode's state against key/value caches)."""
+    decoding cost per token (every mode's state against key/value caches),
+    a converted LM's cache against its key/value cache."""
     _install(session, backend, "examples,hub", hub=True)
     out = "benchmarks/results"
     env = _env(backend)
@@ -339,6 +340,7 @@ def bench(session, backend):
         "python", "benchmarks/augmentation.py", "--output", out, env=env
     )
     session.run("python", "benchmarks/decoding.py", "--output", out, env=env)
+    session.run("python", "benchmarks/lm_cache.py", "--output", out, env=env)
 
 
 @nox.session

@@ -17,10 +17,11 @@ Rows:
 pooled slots alone take. Weights are untouched: the sizes do not depend on
 them.
 
-    KERAS_BACKEND=jax python benchmarks/lm_cache.py
+    KERAS_BACKEND=jax python benchmarks/lm_cache.py --output benchmarks/results
 """
 
 import argparse
+import os
 
 import keras
 import keras_hub
@@ -67,16 +68,20 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--length", type=int, default=1024)
     parser.add_argument("--attention", default="bn+sh")
+    parser.add_argument(
+        "--output", help="folder for lm_cache_<backend>.md (else stdout)"
+    )
     args = parser.parse_args()
     token_ids = ops.ones((1, args.length), "int32")
-    print(
+    lines = [
         f"Cache of a converted causal LM ({args.attention}) against its "
         f"key/value cache, buffer {args.length}, "
-        f"{keras.backend.backend()}:\n"
-    )
-    print("| model | head factors | KV cache numbers | state numbers | "
-          "x KV | pooled |")  # fmt: skip
-    print("|---|---|---|---|---|---|")
+        f"{keras.backend.backend()}:",
+        "",
+        "| model | head factors | KV cache numbers | state numbers | x KV "
+        "| pooled |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, backbone, factors in _models():
         task = {
             "GPT2Backbone": keras_hub.models.GPT2CausalLM,
@@ -90,10 +95,17 @@ def main():
         new = ksa.replace_attention(lm, args.attention, head_factors=factors)
         kv, state = _numbers(lm, token_ids), _numbers(new, token_ids)
         pooled = np.mean([1 / f for f in factors])
-        print(
+        lines.append(
             f"| {name} | {', '.join(map(str, factors))} | {kv} | {state} | "
             f"{state / kv:.3f} | {pooled:.3f} |"
         )
+    text = "\n".join(lines) + "\n"
+    if args.output is None:
+        print(text, end="")
+        return
+    path = os.path.join(args.output, f"lm_cache_{keras.backend.backend()}.md")
+    with open(path, "w") as f:
+        f.write(text)
 
 
 if __name__ == "__main__":
