@@ -18,6 +18,7 @@ step rotated its query from position 0. The layer keeps its weights,
 rotary embedding, cache and projections."""
 
 import inspect
+import math
 
 from keras import ops
 
@@ -314,7 +315,7 @@ class RotaryState(HookedAttention):
     (`functional.recurrent`). A call without a cache is the layer's own,
     with the hook. For Llama, Qwen, Qwen-MoE, Qwen3, Qwen3-MoE, Mistral,
     Mixtral and Phi-3, whose `call`s differ only in those steps; SmolLM3,
-    Gemma, Gemma 3, GPT-OSS and GPT-NeoX subclass it."""
+    Gemma, Gemma 3, GPT-OSS, GPT-NeoX, Bloom and Falcon subclass it."""
 
     def call(
         self,
@@ -373,6 +374,7 @@ class RotaryState(HookedAttention):
                 query, key, value, state, options, limit=limit,
                 scale=self._svr_family.scale(self),
                 sinks=self.sinks if self._svr_family.sinks else None,
+                slopes=self._svr_slopes() if self._svr_family.alibi else None,
             )  # fmt: skip
             cache = decoding.pack_state(state, size)
         return ops.cast(out, self.compute_dtype), cache
@@ -526,6 +528,75 @@ class NeoXState(RotaryState, NeoXRotary):
 
     def _svr_head_dim(self):
         return self.attn_head_size
+
+
+class ALiBiState(RotaryState):
+    """Bloom's and Falcon's attention decoding from its mode's state, as
+    `RotaryState`: their projections, no rotary embedding, the heads
+    joined before the output projection, and ALiBi's bias m_u pos(c) on
+    each slot's logits (`decoding.decode`'s `slopes`, from
+    `_svr_slopes`). A call without a cache is their taken-over one."""
+
+    _output = CallTakenOver._output
+
+    def _rotated(self, hidden_states, name, index):
+        return attribute(self, name + "_dense")(hidden_states)
+
+
+class BloomState(ALiBiState, BloomALiBi):
+    """Bloom's attention decoding from its mode's state."""
+
+    def call(
+        self,
+        hidden_states,
+        attention_mask=None,
+        cache=None,
+        cache_update_index=None,
+    ):
+        if cache is None:
+            return BloomALiBi.call(self, hidden_states, attention_mask)
+        index = 0 if cache_update_index is None else cache_update_index
+        return self._decode(hidden_states, cache, index)
+
+    def _svr_slopes(self):
+        """m_u, read off Bloom's own `AlibiBias` layer (its bias after the
+        scale) as the step between two keys."""
+        zeros = ops.zeros((1, self.num_heads, 1, 2), "float32")
+        bias = self._alibi_layer(zeros)[0, :, 0]
+        return bias[:, 1] - bias[:, 0]
+
+
+class FalconState(ALiBiState, FalconALiBi):
+    """Falcon's attention decoding from its mode's state."""
+
+    def call(
+        self,
+        inputs,
+        alibi,
+        attention_mask=None,
+        cache=None,
+        cache_update_index=None,
+    ):
+        if cache is None:
+            return FalconALiBi.call(self, inputs, alibi, attention_mask)
+        # Its decoder builds `alibi` as long as the cache's axis 2 (1 for a
+        # state): the slopes come from ALiBi's formula instead.
+        index = 0 if cache_update_index is None else cache_update_index
+        return self._decode(inputs, cache, index)
+
+    def _svr_slopes(self):
+        """m_u of Falcon's decoder (ALiBi's slopes), before the scale."""
+        return [m * self.inv_norm_factor for m in alibi_slopes(self.num_heads)]
+
+
+def alibi_slopes(num_heads):
+    """ALiBi's slopes (Press et al. 2022): 2^(-8 i / n), i = 1 .. n, for
+    n heads a power of two p; otherwise p's, then every other slope of
+    2 p's for the n - p heads left."""
+    p = 2 ** math.floor(math.log2(num_heads))
+    slopes = [2 ** (-8 * i / p) for i in range(1, p + 1)]
+    odd = [2 ** (-8 * i / (2 * p)) for i in range(1, 2 * p + 1, 2)]
+    return slopes + odd[: num_heads - p]
 
 
 def smollm3_rotary(query, key, cos, sin):

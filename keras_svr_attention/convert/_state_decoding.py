@@ -1,7 +1,7 @@
 """KerasHub causal LMs whose attention is KerasHub's cached one (GPT-2),
 or one whose `families` record has a `state_call` (Llama, Qwen, Qwen3,
 Mistral, Mixtral and their MoE variants, Phi-3, SmolLM3, GPT-NeoX,
-Gemma, Gemma 3, GPT-OSS), generate with their mode's
+Gemma, Gemma 3, GPT-OSS, Bloom, Falcon), generate with their mode's
 decoding state (the rules page, "Decoding state" and "Linear state")
 instead of a key/value cache: SH's pooled keys and values, Attention-BN's
 running sums, the linear kernel's recurrent state.

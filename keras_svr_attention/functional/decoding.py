@@ -232,7 +232,7 @@ def _itemsize(dtype):
 
 def decode(
     query, key, value, state, options, beta=None, valid=None, scale=None,
-    flash_attention=None, limit=None, sinks=None,
+    flash_attention=None, limit=None, sinks=None, slopes=None,
 ):  # fmt: skip
     """Causal softmax attention of T new tokens from `state`.
 
@@ -252,6 +252,10 @@ def decode(
         sinks: `(N,)` attention sink logits, one per query head, or None
             (`kernels.softmax_attention`; under BN the row term that no
             longer cancels joins them, as in the full forward).
+        slopes: `(N,)` ALiBi slopes m_u, one per query head, or None: the
+            logit of slot c gains m_u pos(c), its window's mean position
+            (the full forward's pooled bias, less a constant per row).
+            Without prefix tokens.
 
     Returns:
         `(output (B, T, N, Dv) in value.dtype, new state)`.
@@ -265,6 +269,13 @@ def decode(
     call = (start, taken, beta, scale, flash_attention, repeats)
     if sinks is not None:
         sinks = ops.cast(sinks, "float32")
+    if slopes is not None:
+        slopes = ops.convert_to_tensor(slopes, "float32")
+    if slopes is not None and options.num_prefix_tokens:
+        raise ValueError(
+            "ALiBi `slopes` in a decoding state take no prefix tokens. "
+            f"Received: num_prefix_tokens={options.num_prefix_tokens}"
+        )
     outputs, new_state, order = [], {}, []
     for factor, heads in head_groups(options):
         tag = f"r{factor}_"
@@ -279,10 +290,14 @@ def decode(
             visibility.select_heads(x, heads, num_kv_heads, 2)
             for x in (key, value)
         )
-        group_sinks = visibility.select_heads(sinks, query_heads, num_heads, 0)
-        out, group = _group_step(
-            q, k, v, valid, group, factor, options, call, group_sinks
+        group_sinks, group_slopes = (
+            visibility.select_heads(x, query_heads, num_heads, 0)
+            for x in (sinks, slopes)
         )
+        out, group = _group_step(
+            q, k, v, valid, group, factor, options, call, group_sinks,
+            group_slopes,
+        )  # fmt: skip
         outputs.append(out)
         new_state.update(
             {tag + name: _outside(name, t) for name, t in group.items()}
@@ -324,13 +339,15 @@ def _as(tensor, dtype):
 
 
 def _group_step(
-    query, key, value, valid, state, factor, options, call, sinks=None
+    query, key, value, valid, state, factor, options, call, sinks=None,
+    slopes=None,
 ):  # fmt: skip
     """One group of key/value heads sharing `factor`: lay the new tokens,
     write the slots that end in this call, attend over the slots.
     `call` is `(start (1,), taken, beta, scale, flash_attention,
-    repeats)`, `taken` how many new tokens enter the state; `sinks` the
-    group's query heads' sink logits `(n r,)` in float32, or None."""
+    repeats)`, `taken` how many new tokens enter the state; `sinks` and
+    `slopes` the group's query heads' sink logits and ALiBi slopes
+    `(n r,)`, or None."""
     start, taken, beta, scale, flash_attention, repeats = call
     num_new = shape_of(query)[1]
     p = options.num_prefix_tokens
@@ -374,9 +391,14 @@ def _group_step(
             query, offset = query
             row_scale = query.shape[-1] ** -0.5 if scale is None else scale
             sinks = sinks + offset * row_scale  # (B, T, n r)
+    bias = None
+    if slopes is not None:  # m_u pos(c): slot c is window c, p = 0
+        slots = shape_of(keys)[1]  # keys (B, C, n, D)
+        centre = ops.arange(slots, dtype="float32") * factor + (factor - 1) / 2
+        bias = ops.cast(slopes, "float32")[:, None] * centre  # (n r, C)
     out = _attend(
         query, keys, values, mask, repeats, scale, flash_attention,
-        options.logit_soft_cap, sinks,
+        options.logit_soft_cap, sinks, bias,
     )  # fmt: skip
     return out, new
 
@@ -459,12 +481,13 @@ def _write(state, laid, factor, p, start, num_new):
 
 def _attend(
     query, keys, values, mask, repeats, scale, flash_attention, soft_cap,
-    sinks,
+    sinks, bias,
 ):  # fmt: skip
     """Softmax attention of the group's query heads over its slots, its
     logits capped by `soft_cap` (or None), each row's denominator holding
-    its query head's sink (`sinks` `(B|1, T|1, n r)`, or None); the
-    `repeats` query heads of a key/value head become query rows."""
+    its query head's sink (`sinks` `(B|1, T|1, n r)`, or None), `bias`
+    `(n r, C)` added to its query head's logits (or None); the `repeats`
+    query heads of a key/value head become query rows."""
     batch, num_new, num_heads, dim = shape_of(query)
     groups = num_heads // repeats
     if sinks is not None:  # laid as the query rows: (B, n, T r, 1)
@@ -472,6 +495,12 @@ def _attend(
         sinks = ops.reshape(sinks, (batch, num_new, groups, repeats))
         sinks = ops.transpose(sinks, (0, 2, 1, 3))  # (B, n, T, r)
         sinks = ops.reshape(sinks, (batch, groups, -1, 1))
+    if bias is not None:  # laid as the query rows: (1, n, T r, C)
+        bias = ops.reshape(bias, (1, groups, 1, repeats, -1))
+        bias = ops.broadcast_to(
+            bias, (1, groups, num_new, repeats, shape_of(bias)[-1])
+        )
+        bias = ops.reshape(bias, (1, groups, num_new * repeats, -1))
     if repeats > 1:  # (B, T, n r, D) -> (B, T r, n, D), rows t r + m
         query = ops.reshape(query, (batch, num_new, groups, repeats, dim))
         query = ops.transpose(query, (0, 1, 3, 2, 4))
@@ -480,6 +509,7 @@ def _attend(
     out, _ = kernels.softmax_attention(
         query, keys, values, mask[:, None], scale=scale,
         flash_attention=flash_attention, soft_cap=soft_cap, sinks=sinks,
+        bias=bias,
     )  # fmt: skip
     if repeats > 1:
         out = ops.reshape(out, (batch, num_new, repeats, groups, -1))

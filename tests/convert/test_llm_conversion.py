@@ -10,6 +10,7 @@ import pytest
 from keras import ops
 
 import keras_svr_attention as ksa
+from keras_svr_attention.convert import _llm_hook as hooks
 from keras_svr_attention.convert import families
 from tests.testing import assert_allclose
 from tests.testing import random_weights
@@ -117,7 +118,8 @@ def test_bn_sh_change_the_logits_and_train(attention):
     )
 
 
-# Each family that keeps its key/value cache, its cached call in BN+SH,
+# Each family that keeps its key/value cache (Gemma 4), its cached call in
+# BN+SH,
 # whose head factors [2, 1] give a group of factor 1 too: the family's
 # cache, band, scale and bias paths under the fused and the explicit
 # kernel (the options-off conversion of every family is exact above). The
@@ -144,13 +146,15 @@ def _generate(lm, family, prompt):
 
 
 def _cache(lm, family, prompt):
-    """`lm`'s cache for `prompt`'s buffer, and how many numbers it holds."""
+    """`lm`'s cache for `prompt`'s buffer, how many numbers it holds, and
+    the final hidden states of the prefill that filled it."""
     args = [ops.convert_to_tensor(prompt["token_ids"])]
     if family == "gemma3":  # images, their mask, padding, their indices
         args += [None, None, ops.convert_to_tensor(prompt["padding_mask"])]
         args += [None]
-    cache = lm._build_cache(*args)[1]
-    return cache, sum(np.prod(x.shape) for x in keras.tree.flatten(cache))
+    hidden, cache = lm._build_cache(*args)
+    numbers = sum(np.prod(x.shape) for x in keras.tree.flatten(cache))
+    return cache, numbers, hidden
 
 
 @pytest.mark.parametrize("family,attention", GENERATE_CASES)
@@ -385,6 +389,10 @@ def test_lora_and_int8_reach_the_same_sublayers_after_conversion(family):
         # GPT-OSS: sinks (under BN with the row term), its band.
         ("gpt-oss", "bn+sh", {"head_factors": [1, 2]}),
         ("gpt-oss", "softmax", {}),
+        # Bloom and Falcon: ALiBi on each slot at its window's mean.
+        ("bloom", "bn+sh", {"head_factors": [2, 1]}),
+        ("falcon", "bn+sh", {"head_factors": [1, 2]}),
+        ("falcon", "softmax", {}),
         # GPT-NeoX: its fused projection and partial rotary, no GQA.
         ("neox", "bn+sh", {"head_factors": [2, 1, 1, 4]}),
         ("neox", "linear+bn+sh", {"head_factors": [4, 2, 2, 4]}),
@@ -400,8 +408,7 @@ def test_llama_generates_with_its_modes_state_as_teacher_forcing(
     lm = _llama(family)
     new = ksa.replace_attention(lm, attention, **options)
     assert all(
-        "RotaryState" in [c.__name__ for c in type(layer).__mro__[1:3]]
-        for layer in _attention_layers(new)
+        isinstance(layer, hooks.RotaryState) for layer in _attention_layers(new)
     )
     prompt = _batch(length=24)
     prompt["padding_mask"][:, 7:] = False
@@ -421,7 +428,13 @@ def test_llama_generates_with_its_modes_state_as_teacher_forcing(
         np.testing.assert_array_equal(
             logits[rows, cols - 1].argmax(-1), tokens[rows, cols]
         )
-    cache, numbers = _cache(new, family, prompt)
+    # The prefill through the state: the full forward's hidden states,
+    # not only their argmax (ALiBi's slopes, sinks and soft caps move
+    # logits a little).
+    full = {"token_ids": tokens, "padding_mask": np.ones_like(tokens, bool)}
+    hidden = _cache(new, family, full)[2]
+    assert_allclose(hidden, new.backbone(full), atol=1e-4, rtol=1e-4)
+    cache, numbers, _ = _cache(new, family, prompt)
     ratio = numbers / _cache(lm, family, prompt)[1]
     if attention == "softmax":  # the keys and values, slot flags, positions
         assert tuple(cache.shape[2:4]) == (1, 1) and 1 < ratio < 1.1

@@ -340,3 +340,42 @@ def test_decoding_with_sinks_equals_the_ops_full_causal_forward(beta):
         np.abs(ops.convert_to_numpy(plain) - ops.convert_to_numpy(full)).max()
         > 1e-2
     )
+
+
+@pytest.mark.parametrize("beta", [None, 0.8])
+def test_decoding_with_alibi_equals_the_ops_full_causal_forward(beta):
+    # ALiBi's bias m_u j, pooled with the keys in the full forward (a
+    # window's bias at its mean position), from each slot's window in
+    # the state: 4 query heads over 2 key/value heads, pooled by 2 and 3,
+    # a prefill of 7 then one token a step.
+    rng = np.random.default_rng(6)
+    query = rng.normal(size=(2, LENGTH, 4, 3)).astype("float32")
+    key, value = (
+        rng.normal(size=(2, LENGTH, 2, 3)).astype("float32") for _ in "kv"
+    )
+    slopes = np.array([0.5, 0.25, 0.125, 0.0625], "float32")
+    bias = slopes[None, :, None] * np.arange(LENGTH, dtype="float32")
+    factors = [2, 3]
+    full = ksa.ops.svr_dot_product_attention(
+        query, key, value, is_causal=True, beta=beta, head_factors=factors,
+        key_bias=bias,
+    )  # fmt: skip
+    options = svr_options(2, beta=beta, head_factors=factors)
+    state = decoding.initial_state(options, 2, LENGTH, 3, 3, "float32")
+    outputs, ends = [], [0, *range(7, LENGTH + 1)]
+    for start, stop in zip(ends[:-1], ends[1:], strict=True):
+        out, state = decoding.decode(
+            query[:, start:stop], key[:, start:stop], value[:, start:stop],
+            state, options, slopes=slopes,
+        )  # fmt: skip
+        outputs.append(ops.convert_to_numpy(out))
+    assert_allclose(np.concatenate(outputs, axis=1), full, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="slopes.*prefix tokens"):
+        decoding.decode(
+            query, key, value,
+            decoding.initial_state(
+                svr_options(2, num_prefix_tokens=1), 2, LENGTH, 3, 3,
+                "float32",
+            ),
+            svr_options(2, num_prefix_tokens=1), slopes=slopes,
+        )  # fmt: skip
