@@ -11,7 +11,8 @@ Rows:
   of 64, factors 2, 4 (one per key/value head);
 - every family whose record decodes from a state
   (`convert/families.py`), as its record's tiny example (head dimension
-  4, where the sums and slot flags weigh most), factors 2, 4.
+  4 to 8, where the sums and slot flags weigh most), factors 2, 4 per
+  pair of key/value heads.
 
 "pooled" is mean(1 / r): the fraction of the key/value cache that the
 pooled slots alone take. Weights are untouched: the sizes do not depend on
@@ -58,10 +59,15 @@ def _models():
         family = families.FAMILIES[name]
         example = family.example
         backbone = getattr(keras_hub.models, example["backbone"])
-        factors = [2, 4] if example["config"].get("num_key_value_heads") else []
-        if not factors:  # GPT-NeoX: 4 heads, no grouped query attention
-            factors = [2, 4, 2, 4]
-        yield f"{family.name}, tiny", backbone(**example["config"]), factors
+        config = example["config"]
+        heads = next(
+            config[name]
+            for name in ("num_key_value_heads", "num_heads",
+                         "num_attention_heads")
+            if name in config
+        )  # fmt: skip
+        factors = [2, 4] * (heads // 2)  # per key/value head
+        yield f"{family.name}, tiny", backbone(**config), factors
 
 
 def main():
