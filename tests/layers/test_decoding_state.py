@@ -303,37 +303,50 @@ def test_what_has_no_state_says_why():
         layer(x, x, cache=layer.get_initial_state(2, max_length=3))
 
 
+@slow_on_jax
+@pytest.mark.parametrize("extra", ["sinks", "alibi"])
 @pytest.mark.parametrize("beta", [None, 0.8])
-def test_decoding_with_sinks_equals_the_ops_full_causal_forward(beta):
+def test_decoding_with_sinks_or_alibi_equals_the_ops_causal_forward(
+    beta, extra
+):
     # GPT-OSS's learned sinks join each row's denominator; under BN the
     # row term c_i = q'_i^T (b mu_i) joins them (it no longer cancels).
-    # Grouped query heads (4 over 2 key/value heads), pooled, in a band:
-    # token by token after a prefill of 7, as the op's one causal forward.
+    # ALiBi's bias m_u j is pooled with the keys in the full forward (a
+    # window's bias at its mean position), and comes from each slot's
+    # window in the state. 4 query heads over 2 key/value heads pooled by
+    # 2 and 3 (sinks in a band): after a prefill, token by token and in a
+    # piece, as the op's one causal forward.
     rng = np.random.default_rng(5)
     query = rng.normal(size=(2, LENGTH, 4, 3)).astype("float32")
     key, value = (
         rng.normal(size=(2, LENGTH, 2, 3)).astype("float32") for _ in "kv"
     )
-    sinks = rng.normal(size=(4,)).astype("float32")
-    factors, window = [2, 3], 7
+    if extra == "sinks":
+        window, sinks = 7, rng.normal(size=(4,)).astype("float32")
+        in_op, in_state = {"sinks": sinks}, {"sinks": sinks}
+    else:
+        window, slopes = None, np.array([0.5, 0.25, 0.125, 0.0625], "float32")
+        bias = slopes[None, :, None] * np.arange(LENGTH, dtype="float32")
+        in_op, in_state = {"key_bias": bias}, {"slopes": slopes}
+    factors = [2, 3]
     full = ksa.ops.svr_dot_product_attention(
         query, key, value, is_causal=True, beta=beta, head_factors=factors,
-        sliding_window=window, sinks=sinks,
+        sliding_window=window, **in_op,
     )  # fmt: skip
     options = svr_options(
         2, beta=beta, head_factors=factors, sliding_window=window
     )
     state = decoding.initial_state(options, 2, LENGTH, 3, 3, "float32")
-    outputs = []
-    ends = [0, *range(7, LENGTH + 1)]  # a prefill, then one token a step
+    # A prefill, tokens one at a time, then a piece.
+    outputs, ends = [], [0, 13, 14, 15, 16, LENGTH]
     for start, stop in zip(ends[:-1], ends[1:], strict=True):
         out, state = decoding.decode(
             query[:, start:stop], key[:, start:stop], value[:, start:stop],
-            state, options, sinks=sinks,
+            state, options, **in_state,
         )  # fmt: skip
         outputs.append(ops.convert_to_numpy(out))
     assert_allclose(np.concatenate(outputs, axis=1), full, atol=1e-5, rtol=1e-5)
-    # The sinks count: without them the outputs differ.
+    # They count: without them the outputs differ.
     state = decoding.initial_state(options, 2, LENGTH, 3, 3, "float32")
     plain, _ = decoding.decode(query, key, value, state, options)
     assert (
@@ -342,40 +355,9 @@ def test_decoding_with_sinks_equals_the_ops_full_causal_forward(beta):
     )
 
 
-@pytest.mark.parametrize("beta", [None, 0.8])
-def test_decoding_with_alibi_equals_the_ops_full_causal_forward(beta):
-    # ALiBi's bias m_u j, pooled with the keys in the full forward (a
-    # window's bias at its mean position), from each slot's window in
-    # the state: 4 query heads over 2 key/value heads, pooled by 2 and 3,
-    # a prefill of 7 then one token a step.
-    rng = np.random.default_rng(6)
-    query = rng.normal(size=(2, LENGTH, 4, 3)).astype("float32")
-    key, value = (
-        rng.normal(size=(2, LENGTH, 2, 3)).astype("float32") for _ in "kv"
-    )
-    slopes = np.array([0.5, 0.25, 0.125, 0.0625], "float32")
-    bias = slopes[None, :, None] * np.arange(LENGTH, dtype="float32")
-    factors = [2, 3]
-    full = ksa.ops.svr_dot_product_attention(
-        query, key, value, is_causal=True, beta=beta, head_factors=factors,
-        key_bias=bias,
-    )  # fmt: skip
-    options = svr_options(2, beta=beta, head_factors=factors)
+def test_alibi_in_a_state_with_prefix_tokens_is_refused():
+    options = svr_options(2, num_prefix_tokens=1)
     state = decoding.initial_state(options, 2, LENGTH, 3, 3, "float32")
-    outputs, ends = [], [0, *range(7, LENGTH + 1)]
-    for start, stop in zip(ends[:-1], ends[1:], strict=True):
-        out, state = decoding.decode(
-            query[:, start:stop], key[:, start:stop], value[:, start:stop],
-            state, options, slopes=slopes,
-        )  # fmt: skip
-        outputs.append(ops.convert_to_numpy(out))
-    assert_allclose(np.concatenate(outputs, axis=1), full, atol=1e-5, rtol=1e-5)
+    query = np.zeros((2, 3, 2, 3), "float32")
     with pytest.raises(ValueError, match="slopes.*prefix tokens"):
-        decoding.decode(
-            query, key, value,
-            decoding.initial_state(
-                svr_options(2, num_prefix_tokens=1), 2, LENGTH, 3, 3,
-                "float32",
-            ),
-            svr_options(2, num_prefix_tokens=1), slopes=slopes,
-        )  # fmt: skip
+        decoding.decode(query, query, query, state, options, slopes=[1, 1])
