@@ -55,16 +55,15 @@ def _models():
         num_key_value_heads=2, hidden_dim=512, intermediate_dim=64,
     )  # fmt: skip
     yield "llama, 8 on 2 heads of 64", llama, [2, 4]
-    for name in families.state_classes():
-        family = families.FAMILIES[name]
-        example = family.example
-        backbone = getattr(keras_hub.models, example["backbone"])
-        config = example["config"]
+    for class_name in families.state_classes():
+        family = families.FAMILIES[class_name]
+        backbone = getattr(keras_hub.models, family.example["backbone"])
+        config = family.example["config"]
         heads = next(
-            config[name]
-            for name in ("num_key_value_heads", "num_heads",
-                         "num_attention_heads")
-            if name in config
+            config[key]
+            for key in ("num_key_value_heads", "num_heads",
+                        "num_attention_heads")
+            if key in config
         )  # fmt: skip
         factors = [2, 4] * (heads // 2)  # per key/value head
         yield f"{family.name}, tiny", backbone(**config), factors
@@ -89,15 +88,10 @@ def main():
         "|---|---|---|---|---|---|",
     ]
     for name, backbone, factors in _models():
-        task = {
-            "GPT2Backbone": keras_hub.models.GPT2CausalLM,
-        }.get(type(backbone).__name__)
-        if task is None:
-            task = getattr(
-                keras_hub.models,
-                type(backbone).__name__.replace("Backbone", "CausalLM"),
-            )
-        lm = task(backbone=backbone, preprocessor=None)
+        task = type(backbone).__name__.replace("Backbone", "CausalLM")
+        lm = getattr(keras_hub.models, task)(
+            backbone=backbone, preprocessor=None
+        )
         new = ksa.replace_attention(lm, args.attention, head_factors=factors)
         kv, state = _numbers(lm, token_ids), _numbers(new, token_ids)
         pooled = np.mean([1 / f for f in factors])

@@ -293,15 +293,21 @@ class NeoXRotary(CallTakenOver):
         )  # fmt: skip
 
     def _rotate(self, query, key, index, key_index=0):
-        """The first `rotary_dim` features of the query heads rotated from
-        `index`, of the key heads from `key_index`."""
-        d, rotary = self.rotary_dim, self.rotary_embedding_layer
+        """The query heads partially rotated from `index`, the key heads
+        from `key_index`."""
+        rotary, d = self.rotary_embedding_layer, self.rotary_dim
+        return (
+            partial_rotary(rotary, query, d, index),
+            partial_rotary(rotary, key, d, key_index),
+        )
 
-        def rotate(heads, start):
-            rotated = rotary(heads[..., :d], start_index=start)
-            return ops.concatenate([rotated, heads[..., d:]], -1)
 
-        return rotate(query, index), rotate(key, key_index)
+def partial_rotary(rotary, heads, rotary_dim, start):
+    """`heads` with their first `rotary_dim` features rotated by the
+    `rotary` embedding layer from position `start`, the rest kept
+    (GPT-NeoX's and GPT-OSS's partial rotary embedding)."""
+    rotated = rotary(heads[..., :rotary_dim], start_index=start)
+    return ops.concatenate([rotated, heads[..., rotary_dim:]], axis=-1)
 
 
 class RotaryState(HookedAttention):
@@ -506,9 +512,9 @@ class GptOssState(RotaryState):
 
     def _rotated(self, hidden_states, name, index):
         heads = attribute(self, name + "_dense")(hidden_states)
-        d = self._rotary_dim
-        rotated = self.rotary_embedding_layer(heads[..., :d], start_index=index)
-        return ops.concatenate([rotated, heads[..., d:]], axis=-1)
+        return partial_rotary(
+            self.rotary_embedding_layer, heads, self._rotary_dim, index
+        )
 
 
 class NeoXState(RotaryState, NeoXRotary):
