@@ -97,6 +97,14 @@ def zero_pad(x, axis, before=0, after=0):
     return x
 
 
+def as_dtype(x, dtype):
+    """`x` in `dtype`, with no op when it already is (each op is a
+    dispatch in eager torch, where a decoding step runs)."""
+    if ops.is_tensor(x) and keras.backend.standardize_dtype(x.dtype) == dtype:
+        return x
+    return ops.cast(x, dtype)
+
+
 def accumulation_dtype(dtype):
     """float32 for float16/bfloat16/float32 inputs, float64 for float64.
 

@@ -45,6 +45,7 @@ from keras_svr_attention.functional import pooling
 from keras_svr_attention.functional import recurrent
 from keras_svr_attention.functional import statistics
 from keras_svr_attention.functional import visibility
+from keras_svr_attention.functional._tensors import as_dtype
 from keras_svr_attention.functional._tensors import positions
 from keras_svr_attention.functional._tensors import shape_of
 
@@ -185,7 +186,7 @@ def unpack_state(packed, options, key_dim, value_dim, dtype, max_length=None):
             entry = ops.greater(entry, 0.5)
         elif entry_dtype == "int32":
             entry = ops.cast(ops.round(entry), "int32")
-        state[name] = _as(entry, entry_dtype)
+        state[name] = as_dtype(entry, entry_dtype)
     return state
 
 
@@ -307,7 +308,8 @@ def decode(
     output = outputs[0] if len(outputs) == 1 else ops.concatenate(outputs, 2)
     output = visibility.select_heads(output, inverse, num_heads, 2)
     new_state["position"] = state["position"] + taken
-    return _as(output, keras.backend.standardize_dtype(value.dtype)), new_state
+    dtype = keras.backend.standardize_dtype(value.dtype)
+    return as_dtype(output, dtype), new_state
 
 
 _COUNTS = ("window_count", "key_count", "window_first")
@@ -321,7 +323,7 @@ def _inside(name, tensor):
     and values as they are."""
     if name in ("keys", "values", "valid", "first"):
         return tensor
-    return _as(tensor, "float32")
+    return as_dtype(tensor, "float32")
 
 
 def _outside(name, tensor):
@@ -329,13 +331,6 @@ def _outside(name, tensor):
     if name in _COUNTS:
         return ops.cast(ops.round(tensor), "int32")
     return tensor
-
-
-def _as(tensor, dtype):
-    """`tensor` in `dtype`, with no op when it already is."""
-    if keras.backend.standardize_dtype(tensor.dtype) == dtype:
-        return tensor
-    return ops.cast(tensor, dtype)
 
 
 def _group_step(
@@ -424,6 +419,13 @@ def _visible(state, factor, p, start, num_new, sliding_window):
     return mask
 
 
+_SELECT_WRITES = keras.config.backend() == "torch"
+"""Whether a step writes its slot of the keys and values with a `where`:
+torch's `slice_update` at a tensor index clones the cache and scatters
+through index grids (a dozen ops, each a dispatch in eager torch); XLA's
+dynamic update slice writes in place in a loop that donates its carry."""
+
+
 def _write(state, laid, factor, p, start, num_new):
     """The slots of the keys whose span ends among the new tokens, written
     with one `slice_update` from the slot of position `start`."""
@@ -460,22 +462,25 @@ def _write(state, laid, factor, p, start, num_new):
     if "first" in state:
         written["first"] = ops.cast(ops.round(block["first"]), "int32")
     one = isinstance(num_new, int) and num_new == 1
-    # Slots are axis 1 of `valid` and `first`, axis 2 of the heads; the
-    # start of each write as one int32 tensor (no list to convert).
+    # Slots are axis 1 of `valid` and `first`, axis 2 of the heads.
     first_slot = ops.cast(ops.reshape(first_slot, (1,)), "int32")
-    zero = ops.zeros((1,), "int32")
-    flat_at = ops.concatenate([zero, first_slot])
-    heads_at = ops.concatenate([zero, zero, first_slot, zero])
+    if one:  # one slot, selected: (C,) and (C, 1) against the heads
+        hit = positions(state["valid"].shape[1]) == first_slot
+    if not (one and _SELECT_WRITES):  # each write's start, one tensor
+        zero = ops.zeros_like(first_slot)
+        flat_at = ops.concatenate([zero, first_slot])
+        heads_at = ops.concatenate([zero, zero, first_slot, zero])
     new = {}
     for name, tensor in written.items():
         target = state[name]
-        tensor = _as(tensor, keras.backend.standardize_dtype(target.dtype))
-        if len(target.shape) == 2 and one:  # (B, C): one slot, selected
-            hit = positions(target.shape[1]) == first_slot
-            new[name] = ops.where(hit[None], tensor, target)
+        tensor = as_dtype(tensor, keras.backend.standardize_dtype(target.dtype))
+        flat = len(target.shape) == 2
+        if one and (flat or _SELECT_WRITES):
+            new[name] = ops.where(hit if flat else hit[:, None], tensor, target)
         else:
-            at = flat_at if len(target.shape) == 2 else heads_at
-            new[name] = ops.slice_update(target, at, tensor)
+            new[name] = ops.slice_update(
+                target, flat_at if flat else heads_at, tensor
+            )
     return new
 
 

@@ -9,6 +9,7 @@ from keras import ops
 from keras_svr_attention.functional import _exporters
 from keras_svr_attention.functional import masks as masks_lib
 from keras_svr_attention.functional._tensors import accumulation_dtype
+from keras_svr_attention.functional._tensors import as_dtype
 from keras_svr_attention.functional._tensors import concatenate
 from keras_svr_attention.functional._tensors import positions
 from keras_svr_attention.functional._tensors import shape_of
@@ -310,6 +311,13 @@ def causal_linear_attention(phi_q, phi_k, value, state=None, chunk_size=64):
         the last position.
     """
     batch, length, heads, dim = shape_of(phi_q)
+    if isinstance(length, int) and length == 1 and state is not None:
+        # A decoding step: S_1 = S_0 + Phi(k) v^T, no chunk to lay out.
+        kv, z = (as_dtype(s, phi_q.dtype) for s in state)
+        kv = kv + phi_k[:, 0, :, :, None] * value[:, 0, :, None, :]
+        z = z + phi_k[:, 0]
+        num = ops.einsum("bnd,bnde->bne", phi_q[:, 0], kv)[:, None]
+        return num, ops.sum(phi_q * z[:, None], axis=-1), (kv, z)
     size = chunk_size
     if isinstance(length, int):
         size = max(1, min(chunk_size, length))  # no padding past a short T

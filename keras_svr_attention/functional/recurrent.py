@@ -32,6 +32,7 @@ from keras import ops
 from keras_svr_attention.functional import kernels
 from keras_svr_attention.functional import statistics
 from keras_svr_attention.functional import visibility
+from keras_svr_attention.functional._tensors import as_dtype
 from keras_svr_attention.functional._tensors import floor_mod
 from keras_svr_attention.functional._tensors import positions
 from keras_svr_attention.functional._tensors import shape_of
@@ -172,8 +173,8 @@ def _group_step(query, key, value, valid, state, factor, options, beta, span):
             statistics.normalize(x, mean, variance, beta, options.epsilon)
             for x in (query, laid_k)
         )
-    phi_q = kernels.elu_feature_map(ops.cast(query, "float32"))
-    phi_k = kernels.elu_feature_map(ops.cast(laid_k, "float32"))
+    phi_q = kernels.elu_feature_map(as_dtype(query, "float32"))
+    phi_k = kernels.elu_feature_map(as_dtype(laid_k, "float32"))
     phi_k = phi_k * ops.expand_dims(weights, (2, 3))
     num, den, (kv, z) = kernels.causal_linear_attention(
         phi_q, phi_k, laid["values"], (state["kv"], state["z"]),
@@ -231,7 +232,7 @@ def lay_new_tokens(key, value, valid, state, factor, num_prefix_tokens, span):
         after the last token taken (empty when unpooled).
     """
     start, taken = span
-    key, value = ops.cast(key, "float32"), ops.cast(value, "float32")
+    key, value = as_dtype(key, "float32"), as_dtype(value, "float32")
     length = shape_of(key)[1]
     weights = ops.ones((1, length), "float32")
     if valid is not None:
@@ -311,41 +312,48 @@ def lay_new_tokens(key, value, valid, state, factor, num_prefix_tokens, span):
 def _lay_one(key, value, weight, state, factor, num_prefix_tokens, start):
     """`lay_new_tokens` for one new token (a decoding step), in a few ops:
     the open window's sums plus the token, its mean laid if the window
-    ends here."""
-    prefix = start < num_prefix_tokens  # (1,)
-    into = floor_mod(ops.maximum(start - num_prefix_tokens, 0), factor)
-    closed = ops.logical_or(prefix, into == factor - 1)
+    ends here (without prefix tokens, `p = 0`, no prefix test at all)."""
+    p = num_prefix_tokens
+    into = floor_mod(ops.maximum(start - p, 0) if p else start, factor)
+    closed = into == factor - 1  # (1,)
+    prefix = start < p if p else None
+    if p:
+        closed = ops.logical_or(prefix, closed)
     count = state["window_count"][:, :1] + weight  # (B, 1)
+    weight_heads = ops.expand_dims(weight, (2, 3))
     sums = {
         "window_count": count,
-        "window_keys": state["window_keys"][:, None]
-        + key * ops.expand_dims(weight, (2, 3)),
-        "window_values": state["window_values"][:, None]
-        + value * ops.expand_dims(weight, (2, 3)),
+        "window_keys": state["window_keys"][:, None] + key * weight_heads,
+        "window_values": state["window_values"][:, None] + value * weight_heads,
     }
     here = ops.cast(start, "float32")[None]  # (1, 1)
     if "window_first" in state:
         is_first = weight * ops.cast(count - weight == 0, "float32")
         sums["window_first"] = state["window_first"][:, :1] + is_first * here
-    flags = ops.reshape(prefix, (1, 1, 1, 1))
     divisor = ops.expand_dims(ops.maximum(count, 1.0), (2, 3))
     laid = {
-        "keys": ops.where(flags, key, sums["window_keys"] / divisor),
-        "values": ops.where(flags, value, sums["window_values"] / divisor),
-        "weights": ops.where(
-            prefix[None], weight, ops.cast(count > 0, "float32")
-        ),
+        "keys": sums["window_keys"] / divisor,
+        "values": sums["window_values"] / divisor,
+        "weights": ops.cast(count > 0, "float32"),
     }
-    laid["weights"] = ops.where(closed[None], laid["weights"], 0.0)
+    if p:  # a prefix token stands alone
+        flags = ops.reshape(prefix, (1, 1, 1, 1))
+        laid["keys"] = ops.where(flags, key, laid["keys"])
+        laid["values"] = ops.where(flags, value, laid["values"])
+        laid["weights"] = ops.where(prefix[None], weight, laid["weights"])
+    still_open = 1.0 - ops.cast(closed, "float32")  # (1,)
+    laid["weights"] = laid["weights"] * (1.0 - still_open)
     if "window_first" in state:
-        laid["first"] = ops.where(prefix[None], here, sums["window_first"])
+        laid["first"] = sums["window_first"]
+        if p:
+            laid["first"] = ops.where(prefix[None], here, laid["first"])
     heads = key.shape[2]
     window = {}
     for name, total in sums.items():
         total = total[:, 0]
         if len(total.shape) == 1:  # (B,): one per head of the group
             total = ops.repeat(total[:, None], heads, axis=1)
-        window[name] = ops.where(closed[0], ops.zeros_like(total), total)
+        window[name] = total * still_open  # none if it just closed
     return laid, window
 
 

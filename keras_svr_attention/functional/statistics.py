@@ -18,6 +18,7 @@ from keras import ops
 
 from keras_svr_attention.functional import masks as masks_lib
 from keras_svr_attention.functional._tensors import accumulation_dtype
+from keras_svr_attention.functional._tensors import as_dtype
 from keras_svr_attention.functional._tensors import shape_of
 
 
@@ -39,11 +40,11 @@ def running_moments(keys, weights=None, with_variance=False, initial=None):
         `initial`. Where no valid key has been seen yet the moments are 0.
     """
     dtype = accumulation_dtype(keys.dtype)
-    keys = ops.cast(keys, dtype)
+    keys = as_dtype(keys, dtype)
     num_keys = shape_of(keys)[1]
     if weights is None:
         weights = ops.ones((1, num_keys), dtype)
-    weights = ops.reshape(ops.cast(weights, dtype), (-1, num_keys, 1, 1))
+    weights = ops.reshape(as_dtype(weights, dtype), (-1, num_keys, 1, 1))
     # Moments of k - k_0 (see key_moments); k_0 stays the first key ever.
     shift = keys[:, :1] if initial is None else initial["shift"][:, None]
     keys = keys - shift
@@ -138,7 +139,7 @@ def normalize(x, mean, variance, beta, epsilon):
     both queries and keys go through it.
     """
     dtype = accumulation_dtype(x.dtype)
-    out = ops.cast(x, dtype) - ops.cast(beta, dtype) * mean
+    out = as_dtype(x, dtype) - ops.cast(beta, dtype) * mean
     if variance is not None:
         out = out / ops.sqrt(variance + epsilon)
     return out
@@ -186,13 +187,14 @@ def recenter_query(
             moments = (moments, None)
     mean, variance = moments
     dtype = accumulation_dtype(query.dtype)
-    shifted = ops.cast(query, dtype) - ops.cast(beta, dtype) * mean
+    beta = ops.cast(beta, dtype)
+    shifted = as_dtype(query, dtype) - beta * mean
     if variance is not None:
         shifted = shifted / (variance + options.epsilon)
     if with_offset:
-        offset = ops.sum(shifted * ops.cast(beta, dtype) * mean, axis=-1)
-        return ops.cast(shifted, query.dtype), offset
-    return ops.cast(shifted, query.dtype)
+        offset = ops.sum(shifted * beta * mean, axis=-1)
+        return as_dtype(shifted, query.dtype), offset
+    return as_dtype(shifted, query.dtype)
 
 
 def recenter_linear(query, key, beta, options, key_weights=None, causal=None):

@@ -139,6 +139,23 @@ class SVRLayer:
             >>> tuple(state["r4_keys"].shape)
             (1, 1, 8, 8)
         """
+        self._check_state_options(max_length)
+        options = self.options
+        key_dim, value_dim = self._head_dims()
+        if options.kernel == "linear":
+            state = recurrent.initial_state(
+                self._plan_options, batch_size, key_dim, value_dim
+            )
+        else:
+            state = decoding.initial_state(
+                options, batch_size, int(max_length), key_dim, value_dim,
+                self.compute_dtype,
+            )  # fmt: skip
+        return self._pack_state(state) if packed else state
+
+    def _check_state_options(self, max_length):
+        """The options a decoding state refuses, as a ValueError; builds
+        no tensor (a decoding call checks it at every step)."""
         options = self.options
         problem = None
         if options.conv_kernel_size:
@@ -163,17 +180,6 @@ class SVRLayer:
             )
         if problem:
             raise ValueError(f"`get_initial_state` needs {problem}")
-        key_dim, value_dim = self._head_dims()
-        if options.kernel == "linear":
-            state = recurrent.initial_state(
-                self._plan_options, batch_size, key_dim, value_dim
-            )
-        else:
-            state = decoding.initial_state(
-                options, batch_size, int(max_length), key_dim, value_dim,
-                self.compute_dtype,
-            )  # fmt: skip
-        return self._pack_state(state) if packed else state
 
     def _pack_state(self, state):
         if self.options.kernel == "linear":
@@ -214,7 +220,7 @@ class SVRLayer:
                 f"query.shape={tuple(query.shape)}, "
                 f"value.shape={tuple(value.shape)}"
             )
-        self.get_initial_state(1, max_length=1)  # raises its refusals
+        self._check_state_options(max_length=1)
 
     def _decode_state(
         self, query, key, value, query_mask, key_padding, state, limit=None

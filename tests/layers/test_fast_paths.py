@@ -123,29 +123,32 @@ def test_one_head_group_with_a_scale_keeps_the_logits():
     )
 
 
-def test_a_decoding_step_writes_its_slots_without_a_scan(monkeypatch):
-    # One new token: per head group two `slice_update`s (keys, values),
-    # its slot flag selected, and no cumulative sum (the window's and
-    # Attention-BN's sums are the state's plus the token).
+@pytest.mark.parametrize("kernel", ["softmax", "linear"])
+def test_a_decoding_step_writes_its_slots_without_a_scan(monkeypatch, kernel):
+    # One new token: no cumulative sum, no chunk of the linear recurrence
+    # (the window's, Attention-BN's and the linear state's sums are the
+    # state's plus the token), no zeros of a fresh state built to check
+    # the options. A softmax state writes each group's slot of the keys
+    # and of the values: two `slice_update`s per head group, in place
+    # under XLA; on torch, whose `slice_update` at a tensor index clones
+    # and scatters through index grids, a `where` on the slot instead.
     calls = collections.Counter()
-    for name in ("slice_update", "cumsum"):
-        original = getattr(keras_backend.core, name, None) or getattr(
-            keras_backend.numpy, name
+    for name in ("slice_update", "cumsum", "tril", "zeros"):
+        module = next(
+            m
+            for m in (keras_backend.core, keras_backend.numpy)
+            if hasattr(m, name)
         )
+        original = getattr(module, name)
 
-        def spy(*args, _name=name, _original=original, **kwargs):
+        def spy(*args, _name=name, _original=original, **kw):
             calls[_name] += 1
-            return _original(*args, **kwargs)
+            return _original(*args, **kw)
 
-        module = (
-            keras_backend.core
-            if hasattr(keras_backend.core, name)
-            else keras_backend.numpy
-        )
         monkeypatch.setattr(module, name, spy)
     factors = [1, 1, 2, 4]
     layer = ksa.SVRAttention(
-        num_heads=4, key_dim=3, beta=1.0, head_factors=factors
+        num_heads=4, key_dim=3, beta=1.0, head_factors=factors, kernel=kernel
     )
     x = np.random.default_rng(0).normal(size=(2, 6, 8)).astype("float32")
     state = layer.get_initial_state(2, max_length=8)
@@ -153,5 +156,8 @@ def test_a_decoding_step_writes_its_slots_without_a_scan(monkeypatch):
     assert calls["cumsum"] > 0  # the spies see a prefill's sums
     calls.clear()
     layer(x[:, :1], x[:, :1], cache=state, use_causal_mask=True)
-    assert calls["slice_update"] == 2 * len(set(factors))
-    assert calls["cumsum"] == 0
+    writes = 2 * len(set(factors))
+    if kernel == "linear" or BACKEND == "torch":
+        writes = 0
+    assert calls["slice_update"] == writes
+    assert calls["cumsum"] == calls["tril"] == calls["zeros"] == 0
