@@ -492,32 +492,36 @@ def _attend(
     logits capped by `soft_cap` (or None), each row's denominator holding
     its query head's sink (`sinks` `(B|1, T|1, n r)`, or None), `bias`
     `(n r, C)` added to its query head's logits (or None); the `repeats`
-    query heads of a key/value head become query rows."""
-    batch, num_new, num_heads, dim = shape_of(query)
-    groups = num_heads // repeats
-    if sinks is not None:  # laid as the query rows: (B, n, T r, 1)
+    query heads of a key/value head become query rows (`_as_rows`)."""
+    batch, num_new, num_heads, _ = shape_of(query)
+    if sinks is not None:  # (B, n, T r, 1), heads before rows
         sinks = ops.broadcast_to(sinks, (batch, num_new, num_heads))
-        sinks = ops.reshape(sinks, (batch, num_new, groups, repeats))
-        sinks = ops.transpose(sinks, (0, 2, 1, 3))  # (B, n, T, r)
-        sinks = ops.reshape(sinks, (batch, groups, -1, 1))
-    if bias is not None:  # laid as the query rows: (1, n, T r, C)
-        bias = ops.reshape(bias, (1, groups, 1, repeats, -1))
-        bias = ops.broadcast_to(
-            bias, (1, groups, num_new, repeats, shape_of(bias)[-1])
-        )
-        bias = ops.reshape(bias, (1, groups, num_new * repeats, -1))
-    if repeats > 1:  # (B, T, n r, D) -> (B, T r, n, D), rows t r + m
-        query = ops.reshape(query, (batch, num_new, groups, repeats, dim))
-        query = ops.transpose(query, (0, 1, 3, 2, 4))
-        query = ops.reshape(query, (batch, -1, groups, dim))
+        sinks = _as_rows(sinks[..., None], repeats)
+        sinks = ops.transpose(sinks, (0, 2, 1, 3))
+    if bias is not None:  # (1, n, T r, C)
+        bias = ops.broadcast_to(bias[None, None], (1, num_new, *shape_of(bias)))
+        bias = ops.transpose(_as_rows(bias, repeats), (0, 2, 1, 3))
+    if repeats > 1:
         mask = ops.repeat(mask, repeats, axis=1)
     out, _ = kernels.softmax_attention(
-        query, keys, values, mask[:, None], scale=scale,
+        _as_rows(query, repeats), keys, values, mask[:, None], scale=scale,
         flash_attention=flash_attention, soft_cap=soft_cap, sinks=sinks,
         bias=bias,
     )  # fmt: skip
-    if repeats > 1:
-        out = ops.reshape(out, (batch, num_new, repeats, groups, -1))
-        out = ops.transpose(out, (0, 1, 3, 2, 4))
-        out = ops.reshape(out, (batch, num_new, num_heads, -1))
-    return out
+    return _as_rows(out, repeats, inverse=True)
+
+
+def _as_rows(x, repeats, inverse=False):
+    """`(B, T, n r, F)` -> `(B, T r, n, F)`: the r query heads of each
+    key/value head laid as query rows t r + m (no copy when r = 1);
+    `inverse` the way back."""
+    if repeats == 1:
+        return x
+    batch, rows, heads, features = shape_of(x)
+    if inverse:  # (B, T r, n, F) -> (B, T, r, n, F) -> (B, T, n r, F)
+        x = ops.reshape(x, (batch, -1, repeats, heads, features))
+        x = ops.transpose(x, (0, 1, 3, 2, 4))
+        return ops.reshape(x, (batch, -1, heads * repeats, features))
+    x = ops.reshape(x, (batch, rows, -1, repeats, features))
+    x = ops.transpose(x, (0, 1, 3, 2, 4))  # (B, T, r, n, F)
+    return ops.reshape(x, (batch, rows * repeats, -1, features))
