@@ -428,7 +428,9 @@ dynamic update slice writes in place in a loop that donates its carry."""
 
 def _write(state, laid, factor, p, start, num_new):
     """The slots of the keys whose span ends among the new tokens, written
-    with one `slice_update` from the slot of position `start`."""
+    with one `slice_update` from the slot of position `start` (one new
+    token: its slot selected with a `where` on the flags, and on torch on
+    the keys and values too, `_SELECT_WRITES`)."""
     count = _new_slots(num_new, factor, p)
     first_slot = pooling.span_of(start, factor, p)
     if factor == 1 or (isinstance(num_new, int) and num_new == 1):

@@ -341,8 +341,8 @@ def _lay_one(key, value, weight, state, factor, num_prefix_tokens, start):
         laid["keys"] = ops.where(flags, key, laid["keys"])
         laid["values"] = ops.where(flags, value, laid["values"])
         laid["weights"] = ops.where(prefix[None], weight, laid["weights"])
-    still_open = 1.0 - ops.cast(closed, "float32")  # (1,)
-    laid["weights"] = laid["weights"] * (1.0 - still_open)
+    closes = ops.cast(closed, "float32")  # (1,)
+    laid["weights"] = laid["weights"] * closes
     if "window_first" in state:
         laid["first"] = sums["window_first"]
         if p:
@@ -353,7 +353,7 @@ def _lay_one(key, value, weight, state, factor, num_prefix_tokens, start):
         total = total[:, 0]
         if len(total.shape) == 1:  # (B,): one per head of the group
             total = ops.repeat(total[:, None], heads, axis=1)
-        window[name] = total * still_open  # none if it just closed
+        window[name] = total * (1.0 - closes)  # none if it just closed
     return laid, window
 
 
