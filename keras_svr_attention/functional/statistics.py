@@ -188,13 +188,13 @@ def recenter_query(
     mean, variance = moments
     dtype = accumulation_dtype(query.dtype)
     beta = ops.cast(beta, dtype)
-    shifted = as_dtype(query, dtype) - beta * mean
+    shifted = ops.cast(query, dtype) - beta * mean
     if variance is not None:
         shifted = shifted / (variance + options.epsilon)
     if with_offset:
         offset = ops.sum(shifted * beta * mean, axis=-1)
-        return as_dtype(shifted, query.dtype), offset
-    return as_dtype(shifted, query.dtype)
+        return ops.cast(shifted, query.dtype), offset
+    return ops.cast(shifted, query.dtype)
 
 
 def recenter_linear(query, key, beta, options, key_weights=None, causal=None):

@@ -4,8 +4,16 @@ Every raw input that restricts attention (query and key padding, an
 `attention_mask` of rank 2, 3 or 4, causality at an offset, a sliding
 window, a sparse pattern, cache slots not yet written, prefix tokens) goes
 into `plan_head_groups`, which returns, per group of heads that share a
-pooling factor, a finished mask over that group's (pooled) keys. Kernels
-and key statistics consume those masks and never build one.
+pooling factor, a finished mask over that group's (pooled) keys. The one
+exception is causality at offset 0 alone, on unpooled keys: the group carries
+`causal=True` and no mask, so that a fused kernel takes `is_causal`
+(MultiHeadAttention's fast path), and the triangle j <= i is built only
+where it is consumed without one: `kernels.softmax_attention` (at symbolic
+sizes, or merged with another mask), `statistics.recenter_query`
+(Attention-BN's causal moments) and the layer's call of an overridden
+`_compute_attention` (MultiHeadAttention's hook takes a mask). A decoding
+state's slots follow the same rule from its own record of them
+(`decoding._visible`).
 
 The rule (the rules page, "Visibility" and "Causal windows"):
 
