@@ -390,7 +390,7 @@ def _group_step(
     if slopes is not None:  # m_u pos(c): slot c is window c, p = 0
         slots = shape_of(keys)[1]  # keys (B, C, n, D)
         centre = ops.arange(slots, dtype="float32") * factor + (factor - 1) / 2
-        bias = ops.cast(slopes, "float32")[:, None] * centre  # (n r, C)
+        bias = slopes[:, None] * centre  # (n r, C), slopes float32
     out = _attend(
         query, keys, values, mask, repeats, scale, flash_attention,
         options.logit_soft_cap, sinks, bias,

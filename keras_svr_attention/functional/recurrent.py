@@ -316,8 +316,8 @@ def _lay_one(key, value, weight, state, factor, num_prefix_tokens, start):
     p = num_prefix_tokens
     into = floor_mod(ops.maximum(start - p, 0) if p else start, factor)
     closed = into == factor - 1  # (1,)
-    prefix = start < p if p else None
     if p:
+        prefix = start < p
         closed = ops.logical_or(prefix, closed)
     count = state["window_count"][:, :1] + weight  # (B, 1)
     weight_heads = ops.expand_dims(weight, (2, 3))
@@ -326,8 +326,8 @@ def _lay_one(key, value, weight, state, factor, num_prefix_tokens, start):
         "window_keys": state["window_keys"][:, None] + key * weight_heads,
         "window_values": state["window_values"][:, None] + value * weight_heads,
     }
-    here = ops.cast(start, "float32")[None]  # (1, 1)
     if "window_first" in state:
+        here = ops.cast(start, "float32")[None]  # (1, 1)
         is_first = weight * ops.cast(count - weight == 0, "float32")
         sums["window_first"] = state["window_first"][:, :1] + is_first * here
     divisor = ops.expand_dims(ops.maximum(count, 1.0), (2, 3))
