@@ -20,6 +20,12 @@ BACKEND = keras.config.backend()
 # other backends in the default matrix too).
 slow_on_jax = pytest.mark.slow if BACKEND == "jax" else pytest.mark.fast
 
+# A case that repeats, for one more family or option, Python-level logic
+# (what a KerasHub family converts to, how its cache is laid out) whose
+# backend ops the kept cases already run on each backend: the torch session
+# (the fastest) runs every such case, TensorFlow and JAX in `nox -s slow`.
+slow_off_torch = pytest.mark.slow if BACKEND != "torch" else pytest.mark.fast
+
 # The tests that fit with `jit_compile=True`: on torch, the default run
 # traces them with dynamo on `aot_eager` (tests/conftest.py) and `nox -s
 # slow` runs them again on inductor, selected by this mark.

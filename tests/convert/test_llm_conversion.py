@@ -14,6 +14,7 @@ from keras_svr_attention.convert import _llm_hook as hooks
 from keras_svr_attention.convert import families
 from tests.testing import assert_allclose
 from tests.testing import random_weights
+from tests.testing import slow_off_torch
 
 keras_hub = pytest.importorskip("keras_hub")
 
@@ -323,7 +324,10 @@ def test_qk_norm_comes_before_bn_recentering():
     assert_allclose(layer(x, attention_mask=mask), want, 1e-5, 1e-5)
 
 
-@pytest.mark.parametrize("family", ["llama", "bloom", "gemma3"])
+@pytest.mark.parametrize(
+    "family",
+    ["llama", "bloom", pytest.param("gemma3", marks=slow_off_torch)],
+)
 def test_lora_and_int8_reach_the_same_sublayers_after_conversion(family):
     # The family's projections keep their names and weight order, so
     # KerasHub's `enable_lora` targets and Keras's `quantize` find the same
@@ -358,6 +362,15 @@ def test_lora_and_int8_reach_the_same_sublayers_after_conversion(family):
     assert np.abs(got - want).max() < 0.1 * np.abs(want).max()
 
 
+def _repeat(family, attention, options):
+    """A state row whose state class and mode a row above runs on every
+    backend, with Python-level logic of its own (a family's QK-norm, band,
+    experts, Gemma 3's tuple of caches, Falcon's slopes) that each backend
+    computes with the same ops: torch runs it by default, TensorFlow and
+    JAX in `nox -s slow` (`slow_off_torch`)."""
+    return pytest.param(family, attention, options, marks=slow_off_torch)
+
+
 @pytest.mark.parametrize(
     "family,attention,options",
     [
@@ -368,34 +381,34 @@ def test_lora_and_int8_reach_the_same_sublayers_after_conversion(family):
         # The other families whose record has `state_call`: QK-norm
         # (Qwen3), experts, and bands (Mistral's in its mask, Qwen3's in
         # its hook) that the state applies.
-        ("qwen", "bn+sh", {"head_factors": [1, 4]}),
-        ("qwen", "linear+bn+sh", {"head_factors": [2, 1]}),
-        ("qwen-moe", "bn+sh", {"head_factors": [4, 2]}),
-        ("qwen3", "bn+sh", {"head_factors": [2, 1]}),
+        _repeat("qwen", "bn+sh", {"head_factors": [1, 4]}),
+        _repeat("qwen", "linear+bn+sh", {"head_factors": [2, 1]}),
+        _repeat("qwen-moe", "bn+sh", {"head_factors": [4, 2]}),
+        _repeat("qwen3", "bn+sh", {"head_factors": [2, 1]}),
         ("qwen3-moe", "sh", {"head_factors": [2, 4]}),
-        ("mistral", "bn+sh", {"head_factors": [1, 2]}),
-        ("mixtral", "bn+sh", {"head_factors": [4, 2]}),
-        ("phi3", "bn+sh", {"head_factors": [2, 4]}),
-        ("phi3", "linear+bn+sh", {"head_factors": [4, 2]}),
+        _repeat("mistral", "bn+sh", {"head_factors": [1, 2]}),
+        _repeat("mixtral", "bn+sh", {"head_factors": [4, 2]}),
+        _repeat("phi3", "bn+sh", {"head_factors": [2, 4]}),
+        _repeat("phi3", "linear+bn+sh", {"head_factors": [4, 2]}),
         # SmolLM3: its own names and rotary, a NoPE layer.
         ("smollm3", "bn+sh", {"head_factors": [2, 4]}),
-        ("smollm3", "linear+bn+sh", {"head_factors": [4, 2]}),
+        _repeat("smollm3", "linear+bn+sh", {"head_factors": [4, 2]}),
         # Gemma: its rotary layout, soft-capped logits, a band every
         # other layer.
         ("gemma", "bn+sh", {"head_factors": [2, 1]}),
-        ("gemma", "softmax", {}),
+        _repeat("gemma", "softmax", {}),
         # Gemma 3: QK-norm, a tuple of layer caches, 5 local : 1 global.
-        ("gemma3", "bn+sh", {"head_factors": [2, 4]}),
+        _repeat("gemma3", "bn+sh", {"head_factors": [2, 4]}),
         # GPT-OSS: sinks (under BN with the row term), its band.
         ("gpt-oss", "bn+sh", {"head_factors": [1, 2]}),
-        ("gpt-oss", "softmax", {}),
+        _repeat("gpt-oss", "softmax", {}),
         # Bloom and Falcon: ALiBi on each slot at its window's mean.
         ("bloom", "bn+sh", {"head_factors": [2, 1]}),
-        ("falcon", "bn+sh", {"head_factors": [1, 2]}),
-        ("falcon", "softmax", {}),
+        _repeat("falcon", "bn+sh", {"head_factors": [1, 2]}),
+        _repeat("falcon", "softmax", {}),
         # GPT-NeoX: its fused projection and partial rotary, no GQA.
         ("neox", "bn+sh", {"head_factors": [2, 1, 1, 4]}),
-        ("neox", "linear+bn+sh", {"head_factors": [4, 2, 2, 4]}),
+        _repeat("neox", "linear+bn+sh", {"head_factors": [4, 2, 2, 4]}),
     ],
 )
 def test_llama_generates_with_its_modes_state_as_teacher_forcing(
