@@ -114,9 +114,10 @@ def svr_dot_product_attention(
     repeats = query.shape[2] // key.shape[2]
     learned = None if beta is None or options_lib.is_real(beta) else beta
     options = _options(
-        key.shape[2], beta if learned is None else 1.0, standardize, epsilon,
-        head_factors, num_prefix_tokens, kernel, sliding_window,
-        logit_soft_cap,
+        key.shape[2], beta=beta if learned is None else 1.0,
+        standardize=standardize, epsilon=epsilon, head_factors=head_factors,
+        num_prefix_tokens=num_prefix_tokens, kernel=kernel,
+        sliding_window=sliding_window, logit_soft_cap=logit_soft_cap,
     ).per_query_head(repeats)  # fmt: skip
     if repeats > 1:
         key = ops.repeat(key, repeats, axis=2)

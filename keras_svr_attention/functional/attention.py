@@ -111,10 +111,11 @@ def kernel(
             q, k, v, group, options, beta, return_scores
         )
     return lambda group, q, k, v: softmax_group(
-        q, k, v, group.mask, group.causal, options, beta, scale, dropout,
-        return_scores, flash_attention,
-        visibility.select_heads(sinks, group.heads, num_heads, 0),
-        None if key_bias is None else group_key_bias(key_bias, group),
+        q, k, v, group.mask, group.causal, options,
+        beta=beta, scale=scale, dropout=dropout, return_scores=return_scores,
+        flash_attention=flash_attention,
+        sinks=visibility.select_heads(sinks, group.heads, num_heads, 0),
+        bias=None if key_bias is None else group_key_bias(key_bias, group),
     )  # fmt: skip
 
 
@@ -188,8 +189,10 @@ def softmax_group(
             )
             sinks = sinks + offset
     out, scores = kernels.softmax_attention(
-        query, key, value, mask, is_causal, scale, dropout, return_scores,
-        flash_attention, options.logit_soft_cap, sinks, bias,
+        query, key, value, mask, is_causal,
+        scale=scale, dropout=dropout, return_scores=return_scores,
+        flash_attention=flash_attention, soft_cap=options.logit_soft_cap,
+        sinks=sinks, bias=bias,
     )  # fmt: skip
     if upcast:
         out = ops.cast(out, dtype)

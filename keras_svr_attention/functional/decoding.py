@@ -296,8 +296,8 @@ def decode(
             for x in (sinks, slopes)
         )
         out, group = _group_step(
-            q, k, v, valid, group, factor, options, call, group_sinks,
-            group_slopes,
+            q, k, v, valid, group, factor, options, call,
+            sinks=group_sinks, slopes=group_slopes,
         )  # fmt: skip
         outputs.append(out)
         new_state.update(
@@ -392,8 +392,9 @@ def _group_step(
         centre = ops.arange(slots, dtype="float32") * factor + (factor - 1) / 2
         bias = slopes[:, None] * centre  # (n r, C), slopes float32
     out = _attend(
-        query, keys, values, mask, repeats, scale, flash_attention,
-        options.logit_soft_cap, sinks, bias,
+        query, keys, values, mask, repeats,
+        scale=scale, flash_attention=flash_attention,
+        soft_cap=options.logit_soft_cap, sinks=sinks, bias=bias,
     )  # fmt: skip
     return out, new
 

@@ -77,7 +77,7 @@ def softmax_attention(
         query: `(B, T, N, D)`.
         key: `(B, S, N, D)`.
         value: `(B, S, N, Dv)`.
-        mask: boolean `(B|1, N|1, T|1, S)` or `(B|1, T|1, S)`, or `None`.
+        mask: boolean `(B|1, N|1, T|1, S)`, or `None`.
         is_causal: bool. Query i also sees only keys j <= i.
         scale: float. Defaults to `1 / sqrt(D)`.
         dropout: callable applied to the attention weights, or `None`.
@@ -101,8 +101,6 @@ def softmax_attention(
     scale = scale if scale is not None else query.shape[-1] ** -0.5
     fused = fuses(query, value, dropout, return_scores)
     fused = fused and not soft_cap and sinks is None and bias is None
-    if mask is not None and len(mask.shape) == 3:
-        mask = mask[:, None]  # (B, T, S): one mask for every head
     known = all(isinstance(x.shape[1], int) for x in (query, key))
     if is_causal and not (fused and mask is None and known):
         causal = masks_lib.causal_mask(shape_of(query)[1], shape_of(key)[1])

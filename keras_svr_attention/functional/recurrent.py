@@ -123,8 +123,9 @@ def linear_recurrence(
             for x in (query, key, value)
         )
         out, new = _group_step(
-            q, k, v, valid, pick, factor, options, beta, (start, taken)
-        )
+            q, k, v, valid, pick, factor, options, beta=beta,
+            span=(start, taken),
+        )  # fmt: skip
         outputs.append(out)
         states.append(new)
         order += heads

@@ -84,8 +84,8 @@ def key_moments(keys, mask=None, with_variance=False):
 
     Args:
         keys: `(B, S, N, D)` projected keys.
-        mask: boolean `(B|1, N|1, T|1, S)` or `(B|1, T|1, S)`, the
-            finished mask of `visibility.plan_head_groups`, or `None`.
+        mask: boolean `(B|1, N|1, T|1, S)`, the finished mask of
+            `visibility.plan_head_groups`, or `None`.
         with_variance: bool. Also return the population variance.
 
     Returns:
@@ -95,8 +95,6 @@ def key_moments(keys, mask=None, with_variance=False):
     dtype = accumulation_dtype(keys.dtype)
     keys = ops.cast(keys, dtype)
     shape = shape_of(keys)
-    if mask is not None and len(mask.shape) == 3:
-        mask = mask[:, None]  # (B, T, S): one mask for every head
     shift = 0.0
     if with_variance:
         # Shifted data: moments of k - k_0 keep E[k^2] - mu^2 from

@@ -15,6 +15,11 @@ sizes, or merged with another mask), `statistics.recenter_query`
 state's slots follow the same rule from its own record of them
 (`decoding._visible`).
 
+A finished mask keeps one rank, `(B|1, N|1, T|1, S)`, down to the kernels
+and the key statistics. It changes rank once, at MultiHeadAttention's
+hook: `_compute_attention` takes a mask every head shares as `(B, T, S)`
+there, and `attention.softmax_group` gives it its head axis back.
+
 The rule (the rules page, "Visibility" and "Causal windows"):
 
 ```text
@@ -264,8 +269,9 @@ def plan_head_groups(
         groups = [(1, heads) for _, heads in groups]
     if options.kernel == "linear":
         return _plan_linear(
-            groups, options, num_queries, num_keys, query_mask, key_padding,
-            attention_mask, causal, offset,
+            groups, options, num_queries, num_keys,
+            query_mask=query_mask, key_padding=key_padding,
+            attention_mask=attention_mask, causal=causal, offset=offset,
         )  # fmt: skip
     counted = masks_lib.merge_masks(
         None if query_mask is None else ops.expand_dims(query_mask, (1, 3)),

@@ -68,9 +68,16 @@ class SVRLayer:
                 (query.shape[0], query.shape[1], value.shape[1]),
             )
         plan = visibility.plan_head_groups(
-            self._plan_options, shape_of(query)[1], shape_of(value)[1],
-            query_mask, key_padding, attention_mask, causal, offset, pending,
-        )  # fmt: skip
+            self._plan_options,
+            num_queries=shape_of(query)[1],
+            num_keys=shape_of(value)[1],
+            query_mask=query_mask,
+            key_padding=key_padding,
+            attention_mask=attention_mask,
+            causal=causal,
+            offset=offset,
+            pending=pending,
+        )
         own = type(self)._compute_attention is SVRLayer._compute_attention
         scores = {"return_attention_scores": return_scores}
         scores = scores if self._HOOK_TAKES_SCORES else {}
@@ -148,9 +155,13 @@ class SVRLayer:
             )
         else:
             state = decoding.initial_state(
-                options, batch_size, int(max_length), key_dim, value_dim,
-                self.compute_dtype,
-            )  # fmt: skip
+                options,
+                batch_size,
+                max_length=int(max_length),
+                key_dim=key_dim,
+                value_dim=value_dim,
+                dtype=self.compute_dtype,
+            )
         return self._pack_state(state) if packed else state
 
     def _check_state_options(self, max_length):
@@ -233,13 +244,14 @@ class SVRLayer:
         beta = self.beta_weight if self.options.learn_beta else None
         if self.options.kernel == "linear":
             output, state = recurrent.linear_recurrence(
-                query, key, value, state, self._plan_options, beta,
-                key_padding, limit,
+                query, key, value, state, self._plan_options,
+                beta=beta, valid=key_padding, limit=limit,
             )  # fmt: skip
         else:
             output, state = decoding.decode(
-                query, key, value, state, self.options, beta, key_padding,
-                getattr(self, self._SCALE), self._flash_attention, limit,
+                query, key, value, state, self.options,
+                beta=beta, valid=key_padding, scale=getattr(self, self._SCALE),
+                flash_attention=self._flash_attention, limit=limit,
             )  # fmt: skip
         if query_mask is not None:
             valid = ops.expand_dims(ops.cast(query_mask, "bool"), (2, 3))
@@ -282,8 +294,9 @@ class SVRLayer:
         beta = self.beta_weight if self.options.learn_beta else None
         return attention.softmax_group(
             query, key, value, attention_mask, use_causal_mask, self.options,
-            beta, getattr(self, self._SCALE), dropout, return_scores,
-            self._flash_attention,
+            beta=beta, scale=getattr(self, self._SCALE), dropout=dropout,
+            return_scores=return_scores,
+            flash_attention=self._flash_attention,
         )  # fmt: skip
 
     def _refuse_scores_under_flash(self):
@@ -318,8 +331,8 @@ class SVRLayer:
         )
         beta = self.beta_weight if self.options.learn_beta else None
         return attention.linear_group(
-            query, key, value, group, self.options, beta,
-            return_attention_scores,
+            query, key, value, group, self.options,
+            beta=beta, return_scores=return_attention_scores,
         )  # fmt: skip
 
 

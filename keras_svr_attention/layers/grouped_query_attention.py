@@ -99,9 +99,11 @@ class SVRGroupedQueryAttention(
             **kwargs,
         )  # fmt: skip
         self.options = options_lib.svr_options(
-            self.num_key_value_heads, beta, standardize, learn_beta, epsilon,
-            head_factors, num_prefix_tokens, kernel, chunk_size,
-            heads_name="num_key_value_heads",
+            self.num_key_value_heads,
+            beta=beta, standardize=standardize, learn_beta=learn_beta,
+            epsilon=epsilon, head_factors=head_factors,
+            num_prefix_tokens=num_prefix_tokens, kernel=kernel,
+            chunk_size=chunk_size, heads_name="num_key_value_heads",
             sliding_window=self.sliding_window,
         )  # fmt: skip
         self._plan_options = self.options.per_query_head(self.num_repeats)
@@ -150,8 +152,10 @@ class SVRGroupedQueryAttention(
                 ops.repeat(x, self.num_repeats, axis=2) for x in (key, value)
             )
             output, scores = self._svr_attention(
-                query, key, value, query_mask, key_padding, attention_mask,
-                use_causal_mask, training, return_attention_scores,
+                query, key, value,
+                query_mask=query_mask, key_padding=key_padding,
+                attention_mask=attention_mask, causal=use_causal_mask,
+                training=training, return_scores=return_attention_scores,
             )  # fmt: skip
         if gate is not None:
             output = ops.multiply(output, gate)

@@ -125,9 +125,11 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
         **kwargs,
     ):
         dropout, self.options = check.attention_options(
-            num_heads, key_dim, value_dim, dropout, attention_axes,
-            flash_attention, sliding_window, use_gate, sparsity, block_size,
-            conv_kernel_size, conv_grid,
+            num_heads, key_dim, value_dim,
+            dropout=dropout, attention_axes=attention_axes,
+            flash_attention=flash_attention, sliding_window=sliding_window,
+            use_gate=use_gate, sparsity=sparsity, block_size=block_size,
+            conv_kernel_size=conv_kernel_size, conv_grid=conv_grid,
             beta=beta,
             standardize=standardize, learn_beta=learn_beta, epsilon=epsilon,
             head_factors=head_factors, num_prefix_tokens=num_prefix_tokens,
@@ -245,9 +247,11 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
 
         if isinstance(cache, dict):
             return self._call_with_state(
-                query, key, value, gate, query_mask, key_padding,
-                attention_mask, return_attention_scores, use_causal_mask,
-                cache, cache_update_index,
+                query, key, value, gate,
+                query_mask=query_mask, key_padding=key_padding,
+                attention_mask=attention_mask,
+                return_scores=return_attention_scores,
+                causal=use_causal_mask, state=cache, index=cache_update_index,
             )  # fmt: skip
         if cache is None and cache_update_index is not None:
             self._refuse_index_without_cache(cache_update_index)
@@ -259,9 +263,11 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
                 cache, cache_update_index, key, value, key_padding
             )
         output, scores = self._svr_attention(
-            query, key, value, query_mask, key_padding, attention_mask,
-            use_causal_mask, training, return_attention_scores, offset,
-            pending, transform_key,
+            query, key, value,
+            query_mask=query_mask, key_padding=key_padding,
+            attention_mask=attention_mask, causal=use_causal_mask,
+            training=training, return_scores=return_attention_scores,
+            offset=offset, pending=pending, transform_key=transform_key,
         )  # fmt: skip
         if gate is not None:
             output = ops.multiply(output, gate)
@@ -287,8 +293,8 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
         )
         output, state = self._decode_state(
             query, self._key_dense(key), self._value_dense(value),
-            query_mask, key_padding, state,
-            getattr(self, "_prefill_limit", None),
+            query_mask=query_mask, key_padding=key_padding, state=state,
+            limit=getattr(self, "_prefill_limit", None),
         )  # fmt: skip
         if gate is not None:
             output = ops.multiply(output, gate)
