@@ -346,7 +346,9 @@ def bench(session, backend):
 @nox.session
 @nox.parametrize("backend", BACKENDS)
 def slow(session, backend):
-    _install(session, backend, "test,examples")
+    # KerasHub: the family cases TensorFlow and JAX run here only
+    # (`slow_off_torch`, tests/testing.py).
+    _install(session, backend, "test,examples,hub", hub=True)
     # SVR_FUZZ_EXAMPLES: the property-based test draws many more examples.
     env = {**_env(backend, fast_compile=True), "SVR_FUZZ_EXAMPLES": "300"}
     session.run("pytest", "-q", "-m", "slow", *session.posargs, env=env)
