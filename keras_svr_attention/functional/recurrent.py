@@ -343,6 +343,7 @@ def _lay_one(key, value, weight, state, factor, num_prefix_tokens, start):
         laid["values"] = ops.where(flags, value, laid["values"])
         laid["weights"] = ops.where(prefix[None], weight, laid["weights"])
     closes = ops.cast(closed, "float32")  # (1,)
+    still_open = 1.0 - closes
     laid["weights"] = laid["weights"] * closes
     if "window_first" in state:
         laid["first"] = sums["window_first"]
@@ -354,7 +355,7 @@ def _lay_one(key, value, weight, state, factor, num_prefix_tokens, start):
         total = total[:, 0]
         if len(total.shape) == 1:  # (B,): one per head of the group
             total = ops.repeat(total[:, None], heads, axis=1)
-        window[name] = total * (1.0 - closes)  # none if it just closed
+        window[name] = total * still_open  # none if it just closed
     return laid, window
 
 
