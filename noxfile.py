@@ -136,16 +136,21 @@ EXPORTERS = {
 }
 
 
+def _install_exporters(session, backend, extras):
+    _install(session, backend, extras, hub=True)
+    if EXPORTERS[backend]:
+        session.install(*_find_links(), *EXPORTERS[backend])
+
+
 @nox.session(allow_parallel=True)
 @nox.parametrize("backend", BACKENDS)
 def export(session, backend):
-    """Every mode exported with each format Keras offers on the backend and
-    served by the format's runtime (tests/export)."""
-    _install(session, backend, "test,export,hub", hub=True)
-    if EXPORTERS[backend]:
-        session.install(*_find_links(), *EXPORTERS[backend])
+    """The modes that reach every exporter workaround, exported with each
+    format Keras offers on the backend and served by the format's runtime
+    (tests/export); `nox -s slow` serves the other modes."""
+    _install_exporters(session, backend, "test,export,hub")
     session.run(
-        *NICE, "pytest", "-q", "-m", "export", "tests/export",
+        *NICE, "pytest", "-q", "-m", "export and not slow", "tests/export",
         *session.posargs,
         env=_one_thread(_env(backend, fast_compile=True)),
         external=bool(NICE),
@@ -347,11 +352,17 @@ def bench(session, backend):
 @nox.parametrize("backend", BACKENDS)
 def slow(session, backend):
     # KerasHub: the family cases TensorFlow and JAX run here only
-    # (`slow_off_torch`, tests/testing.py).
-    _install(session, backend, "test,examples,hub", hub=True)
+    # (`slow_off_torch`, tests/testing.py); the exporters: the modes of the
+    # export grid that `nox -s export` leaves out.
+    _install_exporters(session, backend, "test,export,examples,hub")
     # SVR_FUZZ_EXAMPLES: the property-based test draws many more examples.
     env = {**_env(backend, fast_compile=True), "SVR_FUZZ_EXAMPLES": "300"}
-    session.run("pytest", "-q", "-m", "slow", *session.posargs, env=env)
+    session.run(
+        "pytest", "-q", "-m", "slow and not export", *session.posargs, env=env
+    )
+    session.run(
+        "pytest", "-q", "-m", "export and slow", "tests/export", env=env
+    )
     if backend == "torch":
         # The tests that compile a train step (their mark,
         # tests/testing.py), on inductor; the default run uses aot_eager

@@ -159,6 +159,15 @@ MODEL_MODES = {
     },
 }
 
+# The modes of MODEL_MODES that reach between them every branch of the
+# forward the others reach, and every exporter workaround
+# (functional/_exporters.py): pooled windows with BN and a prefix token, the
+# chunked causal linear recurrence, the grouped layer, the sparse and the
+# conv kernels. SH alone, BN+SH without a prefix token and the grouped layer
+# on the linear kernel repeat their branches: the model battery runs them on
+# torch and, with the export grid's cells, in `nox -s slow`.
+COVERING_MODES = ("bn+sh+cls", "linear+bn+sh", "gqa+bn+sh", "sparse", "conv")
+
 
 def model_layer(mode, **kwargs):
     """The attention of `MODEL_MODES[mode]`: SVRGroupedQueryAttention for

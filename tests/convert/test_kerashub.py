@@ -18,6 +18,7 @@ from tests import numpy_reference as ref
 from tests.testing import assert_allclose
 from tests.testing import attention_weights
 from tests.testing import random_weights
+from tests.testing import slow_off_torch
 
 keras_hub = pytest.importorskip("keras_hub")
 
@@ -150,8 +151,11 @@ def _gpt2_lm():
     "attention,options",
     [
         ("softmax", {}),
-        ("bn", {}),
-        ("sh", {"head_factors": [1, 1, 2, 4]}),
+        # BN and SH alone: the ops of BN+SH (`slow_off_torch`).
+        pytest.param("bn", {}, marks=slow_off_torch),
+        pytest.param(
+            "sh", {"head_factors": [1, 1, 2, 4]}, marks=slow_off_torch
+        ),
         ("bn+sh", {"head_factors": [1, 2, 2, 4]}),
     ],
 )
@@ -214,7 +218,8 @@ def _generate_and_teacher_force(lm):
         ("softmax", {}),
         ("bn+sh", {"head_factors": [1, 2, 4, 4]}),
         ("sh", {"head_factors": [2, 2, 4, 8], "num_prefix_tokens": 1}),
-        ("linear", {}),
+        # The linear kernel alone: the ops of linear BN+SH (`slow_off_torch`).
+        pytest.param("linear", {}, marks=slow_off_torch),
         ("linear+bn+sh", {"head_factors": [1, 1, 2, 4]}),
     ],
 )

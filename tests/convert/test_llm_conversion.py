@@ -326,7 +326,11 @@ def test_qk_norm_comes_before_bn_recentering():
 
 @pytest.mark.parametrize(
     "family",
-    ["llama", "bloom", pytest.param("gemma3", marks=slow_off_torch)],
+    [
+        "llama",
+        pytest.param("bloom", marks=slow_off_torch),
+        pytest.param("gemma3", marks=slow_off_torch),
+    ],
 )
 def test_lora_and_int8_reach_the_same_sublayers_after_conversion(family):
     # The family's projections keep their names and weight order, so

@@ -26,6 +26,7 @@ import pytest
 
 import keras_svr_attention as ksa
 from tests.testing import BACKEND
+from tests.testing import COVERING_MODES
 from tests.testing import MODEL_MODES
 from tests.testing import assert_allclose
 from tests.testing import model_layer
@@ -202,14 +203,23 @@ def _check(model, served, masks):
 
 # One model per (format, mode) holds the three mask kinds; the control,
 # MultiHeadAttention, one per mask kind, since Keras fails some kinds only.
-CELLS = [("mha", (mask,)) for mask in MASKS] + [
-    (mode, tuple(MASKS)) for mode in MODES if mode != "mha"
+def _cell(mode, masks):
+    # `COVERING_MODES` by default, the others in `nox -s slow`.
+    slow = mode != "mha" and mode not in COVERING_MODES
+    return pytest.param(
+        mode,
+        masks,
+        marks=pytest.mark.slow if slow else (),
+        id=f"{mode}-{'+'.join(masks)}",
+    )
+
+
+CELLS = [_cell("mha", (mask,)) for mask in MASKS] + [
+    _cell(mode, tuple(MASKS)) for mode in MODES if mode != "mha"
 ]
 
 
-@pytest.mark.parametrize(
-    "mode, masks", CELLS, ids=[f"{m}-{'+'.join(k)}" for m, k in CELLS]
-)
+@pytest.mark.parametrize("mode, masks", CELLS)
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_exported_model_serves_what_predict_computes(
     fmt, mode, masks, tmp_path, request
@@ -236,7 +246,16 @@ def test_exported_model_serves_what_predict_computes(
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="torch's own format")
-@pytest.mark.parametrize("mode", ["bn+sh", "linear+bn+sh", "bn+sh+cls"])
+# BN+SH without a CLS token repeats linear BN+SH's lengths from 1 and BN+SH
+# with one's pooled windows: `nox -s slow`.
+@pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param("bn+sh", marks=pytest.mark.slow),
+        "linear+bn+sh",
+        "bn+sh+cls",
+    ],
+)
 def test_pt2_serves_every_length_from_the_plain_call(mode, tmp_path):
     """torch.export fixes a size that is 1 at its sample (Keras traces at
     length 2): at a symbolic length SH pools one empty window more (never
@@ -349,7 +368,17 @@ def _hub_export(model, fmt, path):
     model.export(path, format=fmt, verbose=False)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "bert", "llama"])
+# Llama (rotary, grouped key/value heads, one factor each) in the default
+# run; GPT-2 and BERT (the same conversion on learned positions) in `nox -s
+# slow`.
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("gpt2", marks=pytest.mark.slow),
+        pytest.param("bert", marks=pytest.mark.slow),
+        "llama",
+    ],
+)
 @pytest.mark.parametrize(
     "fmt", [f for f in FORMATS if f in ("tf_saved_model", "onnx")]
 )

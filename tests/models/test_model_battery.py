@@ -1,5 +1,6 @@
 """What users build: each mode of `MODEL_MODES` (one per branch of the
-forward) in a functional model on an unknown length.
+forward) in a functional model on an unknown length (on TensorFlow and
+JAX, `COVERING_MODES` by default, the others in `nox -s slow`).
 
 For each mode, a model on `keras.Input((None, F))` with one attention per
 mask kind (no mask, causal, padding through a Keras mask), predicted at two
@@ -20,11 +21,13 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from tests.testing import BACKEND
+from tests.testing import COVERING_MODES
 from tests.testing import MODEL_MODES
 from tests.testing import assert_allclose
 from tests.testing import compiles_the_train_step
 from tests.testing import model_layer
 from tests.testing import random_weights
+from tests.testing import slow_off_torch
 
 F = 6
 MODES = list(MODEL_MODES)
@@ -88,7 +91,13 @@ def _assert_branches_close(got, want, x, tolerance, what):
 
 
 @compiles_the_train_step
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "mode",
+    [
+        m if m in COVERING_MODES else pytest.param(m, marks=slow_off_torch)
+        for m in MODES
+    ],
+)
 def test_model_on_unknown_length_predicts_fits_saves_and_exports(
     mode, tmp_path
 ):
