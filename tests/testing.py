@@ -26,6 +26,17 @@ slow_on_jax = pytest.mark.slow if BACKEND == "jax" else pytest.mark.fast
 # (the fastest) runs every such case, TensorFlow and JAX in `nox -s slow`.
 slow_off_torch = pytest.mark.slow if BACKEND != "torch" else pytest.mark.fast
 
+
+def covering_off_torch(modes, covering):
+    """`modes` as parameters, those outside `covering` marked
+    `slow_off_torch`: `covering` reaches every branch the others reach,
+    so TensorFlow and JAX run the others in `nox -s slow` only."""
+    return [
+        m if m in covering else pytest.param(m, marks=slow_off_torch)
+        for m in modes
+    ]
+
+
 # The tests that fit with `jit_compile=True`: on torch, the default run
 # traces them with dynamo on `aot_eager` (tests/conftest.py) and `nox -s
 # slow` runs them again on inductor, selected by this mark.

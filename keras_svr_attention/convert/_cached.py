@@ -74,8 +74,9 @@ class CachedSVRAttention(SVRAttention):
         # The masks Keras finds on the inputs are dropped (the tensors
         # copied, so that the projections do not warn of a mask dropped).
         query, value, key, _, _ = common.input_masks(
-            query, value, key, query_mask, value_mask, key_mask
-        )
+            query, value, key,
+            query_mask=query_mask, value_mask=value_mask, key_mask=key_mask,
+        )  # fmt: skip
         if not self.decode_with_state:
             return super().call(
                 query, value, key, attention_mask=attention_mask,

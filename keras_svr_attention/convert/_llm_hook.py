@@ -229,7 +229,7 @@ class CallTakenOver(HookedAttention):
             for name in ("query", "key", "value")
         ]
         out, cache = self._svr_call(
-            *heads, mask, cache, index, key_bias=key_bias
+            *heads, mask, cache=cache, index=index, key_bias=key_bias
         )
         return out if cache is None else (out, cache)
 
@@ -288,8 +288,8 @@ class NeoXRotary(CallTakenOver):
         size = self.attn_head_size
         return self._svr_call(
             heads[..., :size], heads[..., size : 2 * size],
-            heads[..., 2 * size :], attention_mask, cache, cache_update_index,
-            rotate=self._rotate,
+            heads[..., 2 * size :], attention_mask,
+            cache=cache, index=cache_update_index, rotate=self._rotate,
         )  # fmt: skip
 
     def _rotate(self, query, key, index, key_index=0):
@@ -374,8 +374,10 @@ class RotaryState(HookedAttention):
             # made for: they are padded to one size where layers differ.
             size, length = cache.shape[-1], getattr(self, "_max_length", None)
             state = decoding.unpack_state(
-                cache, options, dim, dim, self.compute_dtype, length
-            )
+                cache, options,
+                key_dim=dim, value_dim=dim, dtype=self.compute_dtype,
+                max_length=length,
+            )  # fmt: skip
             out, state = decoding.decode(
                 query, key, value, state, options, limit=limit,
                 scale=self._svr_family.scale(self),
@@ -404,8 +406,9 @@ class RotaryState(HookedAttention):
             state = recurrent.initial_state(options, batch_size, dim, dim)
             return recurrent.pack_state(state)
         state = decoding.initial_state(
-            options, batch_size, max_length, dim, dim, self.compute_dtype
-        )
+            options, batch_size, max_length,
+            key_dim=dim, value_dim=dim, dtype=self.compute_dtype,
+        )  # fmt: skip
         return decoding.pack_state(state)
 
     def _svr_state_options(self):

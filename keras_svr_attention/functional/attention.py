@@ -108,11 +108,14 @@ def kernel(
     num_heads = len(options.head_factors)
     if options.kernel == "linear":
         return lambda group, q, k, v: linear_group(
-            q, k, v, group, options, beta, return_scores
-        )
+            q, k, v,
+            group=group, options=options, beta=beta,
+            return_scores=return_scores,
+        )  # fmt: skip
     return lambda group, q, k, v: softmax_group(
-        q, k, v, group.mask, group.causal, options,
-        beta=beta, scale=scale, dropout=dropout, return_scores=return_scores,
+        q, k, v, group.mask,
+        is_causal=group.causal, options=options, beta=beta, scale=scale,
+        dropout=dropout, return_scores=return_scores,
         flash_attention=flash_attention,
         sinks=visibility.select_heads(sinks, group.heads, num_heads, 0),
         bias=None if key_bias is None else group_key_bias(key_bias, group),
@@ -179,8 +182,10 @@ def softmax_group(
     if options.uses_bn:
         beta = (options.beta or 0.0) if beta is None else beta
         query = statistics.recenter_query(
-            query, key, beta, options, mask, is_causal, sinks is not None
-        )
+            query, key,
+            beta=beta, options=options, mask=mask, causal=is_causal,
+            with_offset=sinks is not None,
+        )  # fmt: skip
         if sinks is not None:
             query, offset = query
             scale = query.shape[-1] ** -0.5 if scale is None else scale
@@ -211,8 +216,10 @@ def linear_group(
     if options.uses_bn:
         beta = (options.beta or 0.0) if beta is None else beta
         query, key = statistics.recenter_linear(
-            query, key, beta, options, group.key_weights, group.causal_prefix
-        )
+            query, key,
+            beta=beta, options=options, key_weights=group.key_weights,
+            causal=group.causal_prefix,
+        )  # fmt: skip
     return kernels.linear_attention(
         query,
         key,

@@ -50,7 +50,9 @@ def conv_sequence(x, kernel, causal=False, num_prefix_tokens=0):
     p = num_prefix_tokens
     prefix, rest = x[:, :p], x[:, p:]
     taps = size // 2 + 1 if causal else None
-    out = _shifted_sum(rest, kernel, 1, size, size // 2, taps)
+    out = _shifted_sum(
+        rest, kernel, axis=1, size=size, left=size // 2, taps=taps
+    )
     return concatenate([prefix, out], 1) if p else out
 
 
@@ -76,7 +78,8 @@ def conv_grid(x, kernel, grid_shape, num_prefix_tokens=0):
     grid = ops.reshape(x[:, p:], (shape[0], height, width, *shape[2:]))
     size = kernel.shape[0]
     rows = [
-        _shifted_sum(grid, kernel[u], 2, size, size // 2) for u in range(size)
+        _shifted_sum(grid, kernel[u], axis=2, size=size, left=size // 2)
+        for u in range(size)
     ]
     out = 0.0
     for u in range(size):

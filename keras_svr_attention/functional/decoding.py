@@ -296,7 +296,8 @@ def decode(
             for x in (sinks, slopes)
         )
         out, group = _group_step(
-            q, k, v, valid, group, factor, options, call,
+            q, k, v, valid,
+            state=group, factor=factor, options=options, call=call,
             sinks=group_sinks, slopes=group_slopes,
         )  # fmt: skip
         outputs.append(out)
@@ -347,11 +348,13 @@ def _group_step(
     num_new = shape_of(query)[1]
     p = options.num_prefix_tokens
     laid, window = recurrent.lay_new_tokens(
-        key, value, valid, state, factor, p, (start, taken)
-    )
+        key, value, valid,
+        state=state, factor=factor, num_prefix_tokens=p, span=(start, taken),
+    )  # fmt: skip
     new = dict(state, **window)
-    new.update(_write(state, laid, factor, p, start[0], num_new))
-    mask = _visible(new, factor, p, start[0], num_new, options.sliding_window)
+    at = dict(factor=factor, p=p, start=start[0], num_new=num_new)
+    new.update(_write(state, laid, **at))
+    mask = _visible(new, sliding_window=options.sliding_window, **at)
     # Heads first in the state: what a fused kernel takes without a copy.
     keys, values = (
         ops.transpose(new[name], (0, 2, 1, 3)) for name in ("keys", "values")
@@ -360,8 +363,9 @@ def _group_step(
     if options.uses_bn:
         if options.sliding_window is None:
             mean, variance, sums = recurrent.prefix_moments(
-                laid["keys"], laid["weights"], state, factor, options, start
-            )
+                laid["keys"], laid["weights"],
+                state=state, factor=factor, options=options, start=start,
+            )  # fmt: skip
             new.update(sums)
         else:
             moments = statistics.key_moments(

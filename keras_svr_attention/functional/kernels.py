@@ -118,7 +118,8 @@ def softmax_attention(
         ), None  # fmt: skip
     else:
         out, scores = explicit_softmax_attention(
-            query, key, value, mask, rows, scale, dropout=dropout,
+            query, key, value, mask,
+            rows=rows, scale=scale, dropout=dropout,
             return_scores=return_scores, soft_cap=soft_cap, sinks=sinks,
             bias=bias,
         )  # fmt: skip

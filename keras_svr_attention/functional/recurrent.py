@@ -123,7 +123,8 @@ def linear_recurrence(
             for x in (query, key, value)
         )
         out, new = _group_step(
-            q, k, v, valid, pick, factor, options, beta=beta,
+            q, k, v, valid,
+            state=pick, factor=factor, options=options, beta=beta,
             span=(start, taken),
         )  # fmt: skip
         outputs.append(out)
@@ -159,16 +160,19 @@ def _group_step(query, key, value, valid, state, factor, options, beta, span):
     """One group of heads sharing `factor`: lay, recenter, recur. `span`
     is `(position of the first new token, how many enter the state)`."""
     laid, window = lay_new_tokens(
-        key, value, valid, state, factor, options.num_prefix_tokens, span
-    )
+        key, value, valid,
+        state=state, factor=factor,
+        num_prefix_tokens=options.num_prefix_tokens, span=span,
+    )  # fmt: skip
     laid_k, weights = laid["keys"], laid["weights"]
     new = {name: state[name] for name in state if name.startswith("window")}
     new.update(window)
     if options.uses_bn:
         beta = (options.beta or 0.0) if beta is None else beta
         mean, variance, sums = prefix_moments(
-            laid_k, weights, state, factor, options, span[0]
-        )
+            laid_k, weights,
+            state=state, factor=factor, options=options, start=span[0],
+        )  # fmt: skip
         new.update(sums)
         query, laid_k = (
             statistics.normalize(x, mean, variance, beta, options.epsilon)
@@ -242,8 +246,10 @@ def lay_new_tokens(key, value, valid, state, factor, num_prefix_tokens, span):
         return {"keys": key, "values": value, "weights": weights}, {}
     if isinstance(length, int) and length == 1 and isinstance(taken, int):
         return _lay_one(
-            key, value, weights, state, factor, num_prefix_tokens, start
-        )
+            key, value, weights,
+            state=state, factor=factor, num_prefix_tokens=num_prefix_tokens,
+            start=start,
+        )  # fmt: skip
     local = positions(length)
     rel = start + local - num_prefix_tokens  # (T,) position - p
     prefix = rel < 0

@@ -306,7 +306,14 @@ def plan_head_groups(
             shapes = (num_queries, num_keys)
             causality = (causal, offset, pending)
             plan.append(
-                _plan_pooled(factor, heads, p, masks, shapes, causality)
+                _plan_pooled(
+                    factor,
+                    heads,
+                    p,
+                    masks=masks,
+                    shapes=shapes,
+                    causality=causality,
+                )  # fmt: skip
             )
     return plan
 
@@ -359,7 +366,10 @@ def _plan_pooled(factor, heads, p, masks, shapes, causality):
         pooled_mask = masks_lib.merge_masks(
             pooled_mask, (ends[None, :] <= rows[:, None])[None, None]
         )
-    return HeadGroup(factor, heads, p, valid, counts, pooled_mask)
+    return HeadGroup(
+        factor, heads, p,
+        valid=valid, window_counts=counts, mask=pooled_mask,
+    )  # fmt: skip
 
 
 def _plan_linear(

@@ -84,8 +84,11 @@ class SVRLayer:
 
         def attend_linear(group, q, k, v):
             return self._compute_linear_attention(
-                q, k, v, group.key_weights, group.causal_prefix, return_scores
-            )
+                q, k, v,
+                key_weights=group.key_weights,
+                causal_prefix=group.causal_prefix,
+                return_attention_scores=return_scores,
+            )  # fmt: skip
 
         def attend(group, q, k, v):
             mask, causal = group.mask, group.causal
@@ -102,8 +105,10 @@ class SVRLayer:
         if self.options.kernel == "linear":
             attend = attend_linear
         return attention.svr_attention(
-            query, key, value, plan, attend, return_scores, transform_key
-        )
+            query, key, value,
+            plan=plan, attend=attend, return_scores=return_scores,
+            transform_key=transform_key,
+        )  # fmt: skip
 
     def get_initial_state(self, batch_size, max_length=None, packed=False):
         """The decoding state before any token: causal decoding as a Keras
@@ -293,8 +298,9 @@ class SVRLayer:
 
         beta = self.beta_weight if self.options.learn_beta else None
         return attention.softmax_group(
-            query, key, value, attention_mask, use_causal_mask, self.options,
-            beta=beta, scale=getattr(self, self._SCALE), dropout=dropout,
+            query, key, value, attention_mask,
+            is_causal=use_causal_mask, options=self.options, beta=beta,
+            scale=getattr(self, self._SCALE), dropout=dropout,
             return_scores=return_scores,
             flash_attention=self._flash_attention,
         )  # fmt: skip
@@ -331,8 +337,9 @@ class SVRLayer:
         )
         beta = self.beta_weight if self.options.learn_beta else None
         return attention.linear_group(
-            query, key, value, group, self.options,
-            beta=beta, return_scores=return_attention_scores,
+            query, key, value,
+            group=group, options=self.options, beta=beta,
+            return_scores=return_attention_scores,
         )  # fmt: skip
 
 

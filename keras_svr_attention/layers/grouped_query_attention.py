@@ -128,8 +128,9 @@ class SVRGroupedQueryAttention(
     ):
         self._return_attention_scores = return_attention_scores
         query, value, key, query_mask, key_padding = common.input_masks(
-            query, value, key, query_mask, value_mask, key_mask
-        )
+            query, value, key,
+            query_mask=query_mask, value_mask=value_mask, key_mask=key_mask,
+        )  # fmt: skip
         gate = self._gate_dense(query) if self.use_gate else None
         query = self._query_dense(query)
         key, value = self._key_dense(key), self._value_dense(value)
@@ -141,12 +142,15 @@ class SVRGroupedQueryAttention(
                     f"cache of type {type(cache).__name__}"
                 )
             self._check_state_call(
-                query, value, attention_mask, return_attention_scores,
-                use_causal_mask, None,
+                query, value,
+                attention_mask=attention_mask,
+                return_scores=return_attention_scores,
+                causal=use_causal_mask, index=None,
             )  # fmt: skip
             output, cache = self._decode_state(
-                query, key, value, query_mask, key_padding, cache
-            )
+                query, key, value,
+                query_mask=query_mask, key_padding=key_padding, state=cache,
+            )  # fmt: skip
         else:
             key, value = (
                 ops.repeat(x, self.num_repeats, axis=2) for x in (key, value)

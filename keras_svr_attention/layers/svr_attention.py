@@ -234,8 +234,9 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
         if return_attention_scores and self._flash_attention:
             self._refuse_scores_under_flash()
         query, value, key, query_mask, key_padding = common.input_masks(
-            query, value, key, query_mask, value_mask, key_mask
-        )
+            query, value, key,
+            query_mask=query_mask, value_mask=value_mask, key_mask=key_mask,
+        )  # fmt: skip
         gate = self._gate_dense(query) if self._use_gate else None
         query = self._query_dense(query)
         transform_key = None
@@ -289,8 +290,10 @@ class SVRAttention(common.SVRLayer, keras.layers.MultiHeadAttention):
         """`call` with a decoding state as `cache` (`get_initial_state`):
         projected query, raw key and value -> `(output, new state)`."""
         self._check_state_call(
-            query, value, attention_mask, return_scores, causal, index
-        )
+            query, value,
+            attention_mask=attention_mask, return_scores=return_scores,
+            causal=causal, index=index,
+        )  # fmt: skip
         output, state = self._decode_state(
             query, self._key_dense(key), self._value_dense(value),
             query_mask=query_mask, key_padding=key_padding, state=state,

@@ -25,9 +25,9 @@ from tests.testing import COVERING_MODES
 from tests.testing import MODEL_MODES
 from tests.testing import assert_allclose
 from tests.testing import compiles_the_train_step
+from tests.testing import covering_off_torch
 from tests.testing import model_layer
 from tests.testing import random_weights
-from tests.testing import slow_off_torch
 
 F = 6
 MODES = list(MODEL_MODES)
@@ -93,10 +93,7 @@ def _assert_branches_close(got, want, x, tolerance, what):
 @compiles_the_train_step
 @pytest.mark.parametrize(
     "mode",
-    [
-        m if m in COVERING_MODES else pytest.param(m, marks=slow_off_torch)
-        for m in MODES
-    ],
+    covering_off_torch(MODES, COVERING_MODES),
 )
 def test_model_on_unknown_length_predicts_fits_saves_and_exports(
     mode, tmp_path
