@@ -102,10 +102,23 @@ def _one_thread(env):
     return env
 
 
-# JAX's test session has the most CPU work (eager JAX compiles every op for
-# every shape): the other sessions that compute yield to it, so that all end
-# together instead of JAX alone on one core at the end.
-NICE = ["nice", "-n", "5"] if shutil.which("nice") else []
+# The sessions share the cores by priority, the longest work first, so that
+# they end together instead of the longest alone on one core at the end:
+# JAX's tests (eager JAX compiles every op for every shape), TensorFlow's,
+# torch's, then the exports and the GPU dry run (niceness, higher yields).
+PRIORITY = {
+    "tests-jax": 0,
+    "tests-tensorflow": 4,
+    "tests-torch": 8,
+    "export": 12,
+    "gpu": 15,
+}
+
+
+def _nice(work):
+    """The command prefix that runs `work` at its `PRIORITY`."""
+    level = PRIORITY[work]
+    return ["nice", "-n", str(level)] if level and shutil.which("nice") else []
 
 
 @nox.session(allow_parallel=True)
@@ -119,7 +132,7 @@ def lint(session):
 @nox.parametrize("backend", BACKENDS)
 def tests(session, backend):
     _install(session, backend, "test,hub", hub=True)
-    nice = NICE if backend != "jax" else []
+    nice = _nice(f"tests-{backend}")
     session.run(
         *nice, "pytest", "-q", *session.posargs,
         env=_one_thread(_env(backend, fast_compile=True)),
@@ -150,10 +163,11 @@ def export(session, backend):
     (tests/export); `nox -s slow` serves the other modes."""
     _install_exporters(session, backend, "test,export,hub")
     session.run(
-        *NICE, "pytest", "-q", "-m", "export and not slow", "tests/export",
+        *_nice("export"), "pytest", "-q", "-m", "export and not slow",
+        "tests/export",
         *session.posargs,
         env=_one_thread(_env(backend, fast_compile=True)),
-        external=bool(NICE),
+        external=True,
     )  # fmt: skip
 
 
@@ -256,9 +270,9 @@ def _gpu_dry_run(session):
     docs = os.path.join(tmp, "results.md")
     shutil.copy("docs/results.md", docs)
     session.run(
-        *NICE, "python", "benchmarks/gpu.py", "--dry-run",
+        *_nice("gpu"), "python", "benchmarks/gpu.py", "--dry-run",
         *("--docs", docs, "--output", tmp),
-        env=_one_thread(_env("torch")), external=bool(NICE),
+        env=_one_thread(_env("torch")), external=True,
     )  # fmt: skip
     with open(docs) as f:
         if "CPU dry run" not in f.read():

@@ -390,17 +390,22 @@ def _group_step(
             query, offset = query
             row_scale = query.shape[-1] ** -0.5 if scale is None else scale
             sinks = sinks + offset * row_scale  # (B, T, n r)
-    bias = None
-    if slopes is not None:  # m_u pos(c): slot c is window c, p = 0
-        slots = shape_of(keys)[1]  # keys (B, C, n, D)
-        centre = ops.arange(slots, dtype="float32") * factor + (factor - 1) / 2
-        bias = slopes[:, None] * centre  # (n r, C), slopes float32
     out = _attend(
         query, keys, values, mask, repeats,
         scale=scale, flash_attention=flash_attention,
-        soft_cap=options.logit_soft_cap, sinks=sinks, bias=bias,
+        soft_cap=options.logit_soft_cap, sinks=sinks,
+        bias=None if slopes is None else _slot_bias(slopes, keys, factor),
     )  # fmt: skip
     return out, new
+
+
+def _slot_bias(slopes, keys, factor):
+    """ALiBi's `(n r, C)` logit bias m_u pos(c) over the slots of keys
+    `(B, C, n, D)`: slot c is window c (no prefix tokens), at its centre
+    c r + (r - 1) / 2; `slopes` float32."""
+    slots = shape_of(keys)[1]
+    centre = ops.arange(slots, dtype="float32") * factor + (factor - 1) / 2
+    return slopes[:, None] * centre
 
 
 def _visible(state, factor, p, start, num_new, sliding_window):

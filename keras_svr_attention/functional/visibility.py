@@ -303,18 +303,10 @@ def plan_head_groups(
             )
         else:
             masks = (mask, select_heads(counted, heads, len(factors), 1))
-            shapes = (num_queries, num_keys)
-            causality = (causal, offset, pending)
-            plan.append(
-                _plan_pooled(
-                    factor,
-                    heads,
-                    p,
-                    masks=masks,
-                    shapes=shapes,
-                    causality=causality,
-                )  # fmt: skip
-            )
+            plan.append(_plan_pooled(
+                factor, heads, p, masks=masks, shapes=(num_queries, num_keys),
+                causality=(causal, offset, pending),
+            ))  # fmt: skip
     return plan
 
 
