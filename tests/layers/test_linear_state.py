@@ -67,10 +67,11 @@ def _decode(layer, x, valid, splits):
     return np.concatenate(outputs, axis=1), state
 
 
-# The modes that reach every branch of a linear decoding step: without BN,
-# pooled without BN, standardized BN with pooled heads, BN with prefix
-# tokens. The others repeat those branches: torch runs them by default,
-# TensorFlow and JAX in `nox -s slow`.
+# The modes that reach every line and branch of a linear decoding step
+# that the others reach (coverage.py on torch): without BN, pooled without
+# BN, standardized BN with pooled heads, BN with prefix tokens. The others
+# repeat those branches: torch runs them by default, TensorFlow and JAX in
+# `nox -s slow`.
 COVERING_STATE_MODES = (
     "linear-softmax",
     "linear-sh",
