@@ -29,8 +29,9 @@ slow_off_torch = pytest.mark.slow if BACKEND != "torch" else pytest.mark.fast
 
 def covering_off_torch(modes, covering):
     """`modes` as parameters, those outside `covering` marked
-    `slow_off_torch`: `covering` reaches every branch the others reach,
-    so TensorFlow and JAX run the others in `nox -s slow` only."""
+    `slow_off_torch`: `covering` reaches what the others reach (each
+    caller's comment says what was measured and any branch it misses), so
+    TensorFlow and JAX run the others in `nox -s slow` only."""
     return [
         m if m in covering else pytest.param(m, marks=slow_off_torch)
         for m in modes
