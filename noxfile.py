@@ -17,10 +17,10 @@ import zipfile
 import nox
 
 nox.needs_version = ">=2026.10.20"  # `parallel` and `allow_parallel`
-# The default sessions, longest work first: JAX's tests (the most CPU, un-
-# niced) hold one core from the start while the others, at `nice 5`, share
-# the second and then both. Three at a time: more processes than cores
-# only time-slice, and each then runs slower (measured below at NICE).
+# The default sessions, longest work first: JAX's tests (the most CPU) hold
+# one core from the start while the others, yielding to them
+# (`_yield_to_jax`), share the second, then both. Three at a time: more
+# processes than cores only time-slice, and each then runs slower.
 nox.options.sessions = [
     "tests(backend='jax')",
     "tests(backend='tensorflow')",
@@ -111,13 +111,29 @@ def _one_thread(env):
     return env
 
 
-# JAX's test session has the most CPU work (eager JAX compiles every op for
-# every shape): the other sessions that compute yield to it, so that all end
-# together instead of JAX alone on one core at the end. (Measured on a fresh
-# clone, 2 cores: finer priorities per session, 20 min 23 s against 19 min
-# 54 s; two pytest-xdist workers for the JAX and TensorFlow tests on top,
-# 21 min 51 s, a sixth more CPU.)
-NICE = ["nice", "-n", "5"] if shutil.which("nice") else []
+def _yield_to_jax():
+    """Lowers this session's CPU priority, under `nox`'s parallel run only,
+    so that JAX's tests (the most CPU work: eager JAX compiles every op for
+    every shape) keep a core and end with the others rather than alone.
+
+    Each parallel session is a process session of its own, and Linux with
+    autogroups (`/proc/sys/kernel/sched_autogroup_enabled`, on here)
+    shares the CPUs between those groups equally whatever `nice` says: the
+    group's own niceness (`/proc/self/autogroup`) is what counts. Before
+    this, `nice -n 5` on the commands left JAX's tests a third of the two
+    cores beside two other sessions.
+    """
+    if os.getsid(0) != os.getpid():
+        return  # `nox -s ...` in the caller's terminal: nothing beside it
+    os.nice(YIELD_NICE)
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(YIELD_NICE))
+    except OSError:  # no autogroups: the process's niceness counts
+        pass
+
+
+YIELD_NICE = 10
 
 
 @nox.session(allow_parallel=True)
@@ -131,12 +147,10 @@ def lint(session):
 @nox.parametrize("backend", BACKENDS)
 def tests(session, backend):
     _install(session, backend, "test,hub", hub=True)
-    nice = NICE if backend != "jax" else []
-    session.run(
-        *nice, "pytest", "-q", *session.posargs,
-        env=_one_thread(_env(backend, fast_compile=True)),
-        external=bool(nice),
-    )  # fmt: skip
+    if backend != "jax":
+        _yield_to_jax()
+    env = _one_thread(_env(backend, fast_compile=True))
+    session.run("pytest", "-q", *session.posargs, env=env)
 
 
 # What converts to ONNX on each backend (torch's exporter is its own), and
@@ -160,12 +174,11 @@ def export(session, backend):
     """The modes that reach every exporter workaround, exported with each
     format Keras offers on the backend and served by the format's runtime
     (tests/export); `nox -s slow` serves the other modes."""
+    _yield_to_jax()
     _install_exporters(session, backend, "test,export,hub")
     session.run(
-        *NICE, "pytest", "-q", "-m", "export and not slow", "tests/export",
-        *session.posargs,
-        env=_one_thread(_env(backend, fast_compile=True)),
-        external=bool(NICE),
+        "pytest", "-q", "-m", "export and not slow", "tests/export",
+        *session.posargs, env=_one_thread(_env(backend, fast_compile=True)),
     )  # fmt: skip
 
 
@@ -187,6 +200,7 @@ print("wheel OK:", ksa.__version__, ksa.AttentionBNSH(2, 4)(x, x).shape)
 @nox.session(allow_parallel=True)
 def package(session):
     """sdist and wheel: twine check, library-only wheel, fresh install."""
+    _yield_to_jax()
     session.install("build[uv]", "twine")
     uv = ["--installer", "uv"] if session.venv_backend == "uv" else []
     tmp = os.path.abspath(session.create_tmp())
@@ -229,8 +243,10 @@ KATEX = "katex@0.19.1"
 def docs(session):
     """The site, built strictly (a warning, a broken link, a public name
     without a docstring or an API page fails), then opened in headless
-    Chromium (tests/docs). KaTeX comes from npm into docs/assets/katex, so
-    the site typesets its equations offline. Open site/index.html after."""
+    Chromium (tests/docs; `-- screenshots` keeps a PNG of each page).
+    KaTeX comes from npm into docs/assets/katex, so the site typesets its
+    equations offline. Open site/index.html after."""
+    _yield_to_jax()
     session.install("-e", ".[docs]")
     tmp = os.path.abspath(session.create_tmp())
     katex = os.path.join("docs", "assets", "katex")
@@ -246,19 +262,23 @@ def docs(session):
                 os.remove(path)
     env = {"NO_MKDOCS_2_WARNING": "1"}
     session.run("mkdocs", "build", "--strict", env=env)
-    shots = os.path.join(tmp, "screenshots")
+    # `nox -s docs -- screenshots`: a PNG of each page too (one more
+    # Chromium run a page, half the session's CPU; CI leaves them out).
+    env = {"KSA_DOCS_SITE": "site"}
+    if "screenshots" in session.posargs:
+        env["KSA_DOCS_SCREENSHOTS"] = os.path.join(tmp, "screenshots")
     session.run(
         "pytest", "-q", "-p", "no:cacheprovider", "--noconftest",
-        "-m", "docs", "tests/docs",
-        env={"KSA_DOCS_SITE": "site", "KSA_DOCS_SCREENSHOTS": shots},
+        "-m", "docs", "tests/docs", env=env,
     )  # fmt: skip
-    session.log(f"site: site/index.html; screenshots: {shots}")
+    session.log(f"site: site/index.html; {env}")
 
 
 @nox.session(allow_parallel=True)
 def gpu(session):
     """The GPU check's CPU dry run (the real one: benchmarks/gpu.sh), in
     `nox`'s default sessions beside the tests."""
+    _yield_to_jax()
     _install(session, "torch", "examples")
     _gpu_dry_run(session)
 
@@ -268,9 +288,8 @@ def _gpu_dry_run(session):
     docs = os.path.join(tmp, "results.md")
     shutil.copy("docs/results.md", docs)
     session.run(
-        *NICE, "python", "benchmarks/gpu.py", "--dry-run",
-        *("--docs", docs, "--output", tmp),
-        env=_one_thread(_env("torch")), external=bool(NICE),
+        "python", "benchmarks/gpu.py", "--dry-run",
+        *("--docs", docs, "--output", tmp), env=_one_thread(_env("torch")),
     )  # fmt: skip
     with open(docs) as f:
         if "CPU dry run" not in f.read():
