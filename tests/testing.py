@@ -27,15 +27,26 @@ slow_on_jax = pytest.mark.slow if BACKEND == "jax" else pytest.mark.fast
 slow_off_torch = pytest.mark.slow if BACKEND != "torch" else pytest.mark.fast
 
 
-def covering_off_torch(modes, covering):
-    """`modes` as parameters, those outside `covering` marked
-    `slow_off_torch`: `covering` reaches what the others reach (each
-    caller's comment says what was measured and any branch it misses), so
-    TensorFlow and JAX run the others in `nox -s slow` only."""
-    return [
-        m if m in covering else pytest.param(m, marks=slow_off_torch)
-        for m in modes
-    ]
+def covering_off_torch(modes, covering, ids=None):
+    """`modes` as parameters (a tuple: one value per argument), those
+    outside `covering` marked `slow_off_torch`: `covering` reaches what the
+    others reach (each caller's comment says what was measured and any
+    branch it misses), so TensorFlow and JAX run the others in `nox -s
+    slow` only.
+
+    Where a comment says "covering (suite)", it was measured this way:
+    coverage.py with branches on torch over the whole default suite, one
+    context per test (`pytest --cov=keras_svr_attention --cov-branch
+    --cov-context=test`); the rows left to TensorFlow and JAX, with the
+    rest of their suite, reach every line and branch arc of the library
+    that the suite reaches there with every row.
+    """
+    params = []
+    for i, m in enumerate(modes):
+        values = m if isinstance(m, tuple) else (m,)
+        marks = () if m in covering else slow_off_torch
+        params.append(pytest.param(*values, marks=marks, id=ids and ids[i]))
+    return params
 
 
 # The tests that fit with `jit_compile=True`: on torch, the default run

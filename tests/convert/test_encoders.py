@@ -9,6 +9,7 @@ from keras import ops
 
 import keras_svr_attention as ksa
 from tests.testing import assert_allclose
+from tests.testing import covering_off_torch
 from tests.testing import random_weights
 
 keras_hub = pytest.importorskip("keras_hub")
@@ -72,7 +73,11 @@ def _outputs(model, x):
     return [ops.convert_to_numpy(t) for t in keras.tree.flatten(model(x))]
 
 
-@pytest.mark.parametrize("name", list(ENCODERS))
+# Covering (suite, tests/testing.py): ViT (an image, a CLS token) and
+# RoBERTa (text with padding); the other encoders on torch.
+@pytest.mark.parametrize(
+    "name", covering_off_torch(ENCODERS, ("vit", "roberta"))
+)
 def test_encoders_convert_exactly_and_bn_sh_changes_them(name):
     build, prefix = ENCODERS[name]
     backbone = build()

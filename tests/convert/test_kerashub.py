@@ -69,7 +69,13 @@ def _output(model, inputs, key):
     return out[key] if key else out
 
 
-@pytest.mark.parametrize("build", [_bert, _vit], ids=["bert", "vit"])
+@pytest.mark.parametrize(  # covering (suite, tests/testing.py): ViT
+    "build",
+    [
+        pytest.param(_bert, id="bert", marks=slow_off_torch),
+        pytest.param(_vit, id="vit"),
+    ],
+)
 def test_backbone_conversion(build):
     backbone, inputs, key = build()
     random_weights(backbone)
@@ -150,8 +156,9 @@ def _gpt2_lm():
 @pytest.mark.parametrize(
     "attention,options",
     [
-        ("softmax", {}),
-        # BN and SH alone: the ops of BN+SH (`slow_off_torch`).
+        # Softmax, BN and SH alone: the ops of BN+SH (`slow_off_torch`;
+        # covering, suite, tests/testing.py).
+        pytest.param("softmax", {}, marks=slow_off_torch),
         pytest.param("bn", {}, marks=slow_off_torch),
         pytest.param(
             "sh", {"head_factors": [1, 1, 2, 4]}, marks=slow_off_torch
@@ -215,12 +222,16 @@ def _generate_and_teacher_force(lm):
 @pytest.mark.parametrize(
     "attention,options",
     [
-        ("softmax", {}),
+        # Softmax's state, the linear state (with and without BN+SH): the
+        # ops of Llama's rows in test_llm_conversion.py (`slow_off_torch`;
+        # covering, suite, tests/testing.py).
+        pytest.param("softmax", {}, marks=slow_off_torch),
         ("bn+sh", {"head_factors": [1, 2, 4, 4]}),
         ("sh", {"head_factors": [2, 2, 4, 8], "num_prefix_tokens": 1}),
-        # The linear kernel alone: the ops of linear BN+SH (`slow_off_torch`).
         pytest.param("linear", {}, marks=slow_off_torch),
-        ("linear+bn+sh", {"head_factors": [1, 1, 2, 4]}),
+        pytest.param(
+            "linear+bn+sh", {"head_factors": [1, 1, 2, 4]}, marks=slow_off_torch
+        ),
     ],
 )
 def test_gpt2_generates_with_the_state_as_teacher_forcing(attention, options):

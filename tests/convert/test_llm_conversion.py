@@ -13,6 +13,7 @@ import keras_svr_attention as ksa
 from keras_svr_attention.convert import _llm_hook as hooks
 from keras_svr_attention.convert import families
 from tests.testing import assert_allclose
+from tests.testing import covering_off_torch
 from tests.testing import random_weights
 from tests.testing import slow_off_torch
 
@@ -75,9 +76,14 @@ def _attention_classes(lm):
 
 
 FAMILIES = list(_RECORDS)
+# Covering (suite, tests/testing.py): Llama, Gemma 3, GPT-OSS, GPT-NeoX,
+# Bloom and Falcon; the other families on torch.
+OPTIONS_OFF = covering_off_torch(
+    FAMILIES, ("llama", "gemma3", "gpt-oss", "neox", "bloom", "falcon")
+)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", OPTIONS_OFF)
 def test_options_off_give_the_original_logits_on_a_padded_batch(family):
     lm = _llama(family)
     x = _inputs(lm, _batch())
@@ -98,7 +104,9 @@ def test_options_off_give_the_original_logits_on_a_padded_batch(family):
     assert_allclose(lm(x), want)
 
 
-@pytest.mark.parametrize("attention", list(ATTENTIONS))
+@pytest.mark.parametrize(  # covering (suite, tests/testing.py)
+    "attention", covering_off_torch(ATTENTIONS, ("bn+sh", "linear+bn+sh"))
+)
 def test_bn_sh_change_the_logits_and_train(attention):
     lm = _llama()
     x = _batch()
@@ -182,9 +190,13 @@ def test_generate_with_the_cache_equals_teacher_forcing(family, attention):
     assert len(rows) >= 20
 
 
-@pytest.mark.parametrize(
+@pytest.mark.parametrize(  # covering (suite, tests/testing.py)
     "family",
-    ["llama", "gemma3", "qwen-moe", "qwen3-moe", "smollm3", "bloom", "falcon"],
+    covering_off_torch(
+        ["llama", "gemma3", "qwen-moe", "qwen3-moe", "smollm3", "bloom"]
+        + ["falcon"],
+        ("llama", "gemma3"),
+    ),
 )
 def test_converted_lm_survives_keras_save_and_load_and_trains(family, tmp_path):
     lm = _llama(family)

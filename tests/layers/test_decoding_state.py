@@ -254,7 +254,13 @@ def test_any_options_and_any_pieces_decode_as_the_full_forward(
     assert_allclose(got, _full(layer, x, valid), atol=2e-5, rtol=2e-5)
 
 
-@pytest.mark.parametrize("mode", ["bn+sh-prefix", "bn-std+sh-window-prefix"])
+@pytest.mark.parametrize(  # covering (suite, tests/testing.py)
+    "mode",
+    covering_off_torch(
+        ["bn+sh-prefix", "bn-std+sh-window-prefix"],
+        ("bn-std+sh-window-prefix",),
+    ),
+)
 def test_the_packed_state_decodes_as_the_state(mode):
     # A causal LM's plumbing (KerasHub's call_with_cache) passes one tensor
     # per layer: the packed state, unpacked and packed again by the layer

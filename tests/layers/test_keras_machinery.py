@@ -23,6 +23,7 @@ from tests.testing import N
 from tests.testing import S
 from tests.testing import T
 from tests.testing import assert_allclose
+from tests.testing import covering_off_torch
 from tests.testing import make_inputs
 from tests.testing import random_weights
 from tests.testing import reference
@@ -31,6 +32,14 @@ KERNEL_MODES = [(m, "softmax") for m in MODES] + [
     (m, "linear") for m in ("softmax", "bn", "sh", "bn+sh")
 ]
 KERNEL_IDS = [f"{m}-{k}" for m, k in KERNEL_MODES]
+# Quantization and LoRA reach the projections whatever the attention:
+# BN+SH (plain and standardized) and linear BN+SH cover (suite,
+# tests/testing.py).
+PROJECTION_MODES = covering_off_torch(
+    KERNEL_MODES,
+    [("bn+sh", "softmax"), ("bn-std+sh", "softmax"), ("bn+sh", "linear")],
+    ids=KERNEL_IDS,
+)
 
 
 def _numpy(x):
@@ -59,7 +68,7 @@ def _quantization_modes():
 
 
 @pytest.mark.parametrize("quantization", _quantization_modes())
-@pytest.mark.parametrize("mode,kernel", KERNEL_MODES, ids=KERNEL_IDS)
+@pytest.mark.parametrize("mode,kernel", PROJECTION_MODES)
 def test_quantized_layer_stays_as_close_as_mha(
     mode, kernel, quantization, monkeypatch
 ):
@@ -94,7 +103,7 @@ def test_quantized_layer_stays_as_close_as_mha(
     assert errors["svr"] > 0, "quantization did not reach the projections"
 
 
-@pytest.mark.parametrize("mode,kernel", KERNEL_MODES, ids=KERNEL_IDS)
+@pytest.mark.parametrize("mode,kernel", PROJECTION_MODES)
 def test_lora_reaches_every_projection(mode, kernel):
     # LoRA on each projection alone: the output changes, and equals a copy
     # whose kernel has the LoRA update merged in (`dense.kernel`), so no

@@ -12,6 +12,7 @@ from keras import ops
 import keras_svr_attention as ksa
 from tests.testing import BACKEND
 from tests.testing import assert_allclose
+from tests.testing import covering_off_torch
 from tests.testing import random_weights
 from tests.testing import slow_on_jax
 
@@ -58,6 +59,14 @@ LAYERS = {
     ),
 }
 
+# Fit, jit, mixed precision, long sequences: every layer class on every
+# backend; SVRAttention's standardized and conv configurations on torch
+# (covering, suite, tests/testing.py: the model battery and the layer
+# tests reach their code on TensorFlow and JAX).
+MODEL_LEVEL = covering_off_torch(
+    LAYERS, [n for n in LAYERS if n not in ("bn-std", "conv1d+bn", "conv2d")]
+)
+
 
 def _model(layer, causal=False):
     inputs = keras.Input((T, F))
@@ -87,7 +96,7 @@ def test_layer_config_round_trip(name):
     assert restored.get_config() == config
 
 
-@pytest.mark.parametrize("name", list(LAYERS))
+@pytest.mark.parametrize("name", MODEL_LEVEL)
 def test_layer_fit_and_save_load(name, tmp_path):
     model = _model(LAYERS[name](), causal=name == "sh")
     model.compile("sgd", "mse")  # the optimizer is not under test
@@ -110,7 +119,7 @@ def test_layer_fit_and_save_load(name, tmp_path):
     )
 
 
-@pytest.mark.parametrize("name", list(LAYERS))
+@pytest.mark.parametrize("name", MODEL_LEVEL)
 def test_layer_jit_compile(name):
     if BACKEND == "torch":
         pytest.skip("jit_compile means torch.compile on torch; eager below")
@@ -136,7 +145,7 @@ def test_layer_torch_eager(name):
 
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
-@pytest.mark.parametrize("name", list(LAYERS))
+@pytest.mark.parametrize("name", MODEL_LEVEL)
 def test_layer_mixed_precision(name, policy):
     """Outputs and scores under a mixed policy against the float32 layer with
     the same weights, at a relative RMS error of 1e-2 (float16: 11
@@ -174,7 +183,7 @@ def test_layer_mixed_precision(name, policy):
 
 
 @slow_on_jax
-@pytest.mark.parametrize("name", list(LAYERS))
+@pytest.mark.parametrize("name", MODEL_LEVEL)
 def test_layer_long_sequence_is_finite(name):
     keras.config.set_dtype_policy("mixed_bfloat16")
     layer = LAYERS[name]()

@@ -9,8 +9,11 @@ from keras import ops
 
 import keras_svr_attention as ksa
 from tests.testing import assert_allclose
+from tests.testing import covering_off_torch
 
 ATTENTIONS = ["softmax", "bn", "sh", "bn+sh"]
+# The example classifiers: BN+SH covers (suite, tests/testing.py).
+CLASSIFIER_ATTENTIONS = covering_off_torch(ATTENTIONS, ("bn+sh",))
 
 
 @pytest.mark.parametrize("attention", ATTENTIONS)
@@ -64,7 +67,7 @@ def test_stochastic_depth_drops_whole_samples():
     assert_allclose(layer(x, training=False), x)
 
 
-@pytest.mark.parametrize("attention", ATTENTIONS)
+@pytest.mark.parametrize("attention", CLASSIFIER_ATTENTIONS)
 def test_vit_classifier_shapes_and_prefix_token(attention, tmp_path):
     model = ksa.vit_classifier((8, 8, 1), 10, attention=attention, depth=2)
     x = np.random.default_rng(0).random((3, 8, 8, 1)).astype("float32")
@@ -110,7 +113,7 @@ def test_deit_tiny_preset_builds_the_papers_model():
         assert layer.head_factors == (1, 1, 2, 4) and layer.beta == 1.0
 
 
-@pytest.mark.parametrize("attention", ATTENTIONS)
+@pytest.mark.parametrize("attention", CLASSIFIER_ATTENTIONS)
 def test_timeseries_classifier_ignores_padding(attention):
     model = ksa.timeseries_classifier(
         11, 3, 4, attention=attention, width=16, depth=1
