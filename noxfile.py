@@ -19,8 +19,9 @@ import nox
 nox.needs_version = ">=2026.10.20"  # `parallel` and `allow_parallel`
 # The default sessions, longest work first: JAX's tests (the most CPU) hold
 # one core from the start while the others, yielding to them
-# (`_yield_to_jax`), share the second, then both. Three at a time: more
-# processes than cores only time-slice, and each then runs slower.
+# (`_yield_to_jax`), share the rest. One more at a time than there are
+# cores (3 on 2): more processes than that only time-slice, and each then
+# runs slower.
 nox.options.sessions = [
     "tests(backend='jax')",
     "tests(backend='tensorflow')",
@@ -31,7 +32,12 @@ nox.options.sessions = [
     "package",
     "lint",
 ]
-nox.options.parallel = 3
+CORES = (
+    len(os.sched_getaffinity(0))
+    if hasattr(os, "sched_getaffinity")
+    else os.cpu_count() or 2
+)
+nox.options.parallel = CORES + 1
 nox.options.reuse_existing_virtualenvs = True
 # uv installs in seconds what pip takes minutes to (`pip install nox uv`);
 # without uv, nox falls back to virtualenv and pip.
@@ -271,7 +277,7 @@ def docs(session):
         "pytest", "-q", "-p", "no:cacheprovider", "--noconftest",
         "-m", "docs", "tests/docs", env=env,
     )  # fmt: skip
-    session.log(f"site: site/index.html; {env}")
+    session.log(f"site: site/index.html {env.get('KSA_DOCS_SCREENSHOTS', '')}")
 
 
 @nox.session(allow_parallel=True)
