@@ -85,6 +85,11 @@ def _env(backend, fast_compile=False):
         "KERAS_BACKEND": backend,
         "TF_CPP_MIN_LOG_LEVEL": "2",
         "CUDA_VISIBLE_DEVICES": "",
+        # Bytecode written into the session's virtualenv where the caller
+        # sets PYTHONDONTWRITEBYTECODE (this CI does): the scripts the tests
+        # and the GPU dry run start as subprocesses then read Keras's and
+        # the backend's instead of compiling them again (about 10 s each).
+        "PYTHONDONTWRITEBYTECODE": None,
     }
     if backend in ("jax", "tensorflow") and fast_compile:
         # XLA compiles every eager JAX op anew for each shape (most of the
