@@ -190,13 +190,19 @@ def test_generate_with_the_cache_equals_teacher_forcing(family, attention):
     assert len(rows) >= 20
 
 
+SAVED = [
+    "llama",
+    "gemma3",
+    "qwen-moe",
+    "qwen3-moe",
+    "smollm3",
+    "bloom",
+    "falcon",
+]
+
+
 @pytest.mark.parametrize(  # covering (suite, tests/testing.py)
-    "family",
-    covering_off_torch(
-        ["llama", "gemma3", "qwen-moe", "qwen3-moe", "smollm3", "bloom"]
-        + ["falcon"],
-        ("llama", "gemma3"),
-    ),
+    "family", covering_off_torch(SAVED, ("llama", "gemma3"))
 )
 def test_converted_lm_survives_keras_save_and_load_and_trains(family, tmp_path):
     lm = _llama(family)
