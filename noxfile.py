@@ -124,6 +124,9 @@ def _one_thread(env):
     return env
 
 
+YIELD_NICE = 10
+
+
 def _yield_to_jax():
     """Lowers this session's CPU priority, under `nox`'s parallel run only,
     so that JAX's tests (the most CPU work: eager JAX compiles every op for
@@ -146,9 +149,6 @@ def _yield_to_jax():
         pass
 
 
-YIELD_NICE = 10
-
-
 @nox.session(allow_parallel=True)
 def lint(session):
     session.install("ruff")
@@ -159,9 +159,9 @@ def lint(session):
 @nox.session(allow_parallel=True)
 @nox.parametrize("backend", BACKENDS)
 def tests(session, backend):
-    _install(session, backend, "test,hub", hub=True)
     if backend != "jax":
         _yield_to_jax()
+    _install(session, backend, "test,hub", hub=True)
     env = _one_thread(_env(backend, fast_compile=True))
     session.run("pytest", "-q", *session.posargs, env=env)
 

@@ -22,7 +22,9 @@ it: those run on the backend in `nox -s slow` only.
 
 import argparse
 import collections
-import sqlite3
+import re
+
+import coverage
 
 
 def ids(path):
@@ -35,14 +37,16 @@ def arcs_by_test(paths):
     files with pytest-cov's test contexts (`id|run`, `id|setup`)."""
     found = collections.defaultdict(set)
     for path in paths:
-        db = sqlite3.connect(path)
-        contexts = dict(db.execute("select id, context from context"))
-        files = dict(db.execute("select id, path from file"))
-        rows = db.execute("select file_id, context_id, fromno, tono from arc")
-        for file_id, context_id, start, end in rows:
-            test = contexts[context_id].split("|")[0]
-            name = files[file_id].split("keras_svr_attention/")[-1]
-            found[test].add((name, start, end))
+        data = coverage.CoverageData(basename=path)
+        data.read()
+        files = data.measured_files()
+        for context in data.measured_contexts():
+            data.set_query_contexts(["^" + re.escape(context) + "$"])
+            test = context.split("|")[0]
+            for file in files:
+                name = file.split("keras_svr_attention/")[-1]
+                for start, end in data.arcs(file) or ():
+                    found[test].add((name, start, end))
     return found
 
 
